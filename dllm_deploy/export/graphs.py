@@ -1,0 +1,62 @@
+"""The two exportable graphs around the model (DESIGN §3).
+
+PrefillGraph: input_ids (B,T), position_ids (B,T), attention_mask (B,1,T,P+T) bool,
+              past_key_values.{i}.key/.value (B,Hkv,P,D)
+           -> logits (B,T,V), top_ids (B,T,K), top_probs (B,T,K), present.{i}.key/.value (B,Hkv,P+T,D)
+VerifyGraph:  the same inputs -> top_ids (B,T,K) int64, top_probs (B,T,K) float32
+              (softmax + TopK inside the graph; no logits, no KV leave it)
+"""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+
+def io_names(num_layers: int) -> dict:
+    past = [n for i in range(num_layers) for n in (f"past_key_values.{i}.key", f"past_key_values.{i}.value")]
+    present = [n for i in range(num_layers) for n in (f"present.{i}.key", f"present.{i}.value")]
+    inputs = ["input_ids", "position_ids", "attention_mask"] + past
+    return {"prefill": {"inputs": inputs, "outputs": ["logits", "top_ids", "top_probs"] + present},
+            "verify": {"inputs": inputs, "outputs": ["top_ids", "top_probs"]}}
+
+
+def _top(logits: torch.Tensor, k: int):
+    probs = torch.softmax(logits.float(), dim=-1)
+    top_p, top_i = torch.topk(probs, k, dim=-1)
+    return top_i, top_p
+
+
+class PrefillGraph(nn.Module):
+    def __init__(self, model, topk: int):
+        super().__init__()
+        self.model, self.topk = model, topk
+
+    def forward(self, input_ids, position_ids, attention_mask, *past_flat):
+        past = [(past_flat[2 * i], past_flat[2 * i + 1]) for i in range(len(past_flat) // 2)]
+        logits, present = self.model(input_ids, position_ids, attention_mask, past)
+        top_i, top_p = _top(logits, self.topk)
+        flat = [t for kv in present for t in kv]
+        return (logits, top_i, top_p, *flat)
+
+
+class VerifyGraph(nn.Module):
+    def __init__(self, model, topk: int):
+        super().__init__()
+        self.model, self.topk = model, topk
+
+    def forward(self, input_ids, position_ids, attention_mask, *past_flat):
+        past = [(past_flat[2 * i], past_flat[2 * i + 1]) for i in range(len(past_flat) // 2)]
+        logits, _ = self.model(input_ids, position_ids, attention_mask, past)
+        return _top(logits, self.topk)
+
+
+def dynamic_axes(num_layers: int) -> dict:
+    ax = {"input_ids": {0: "batch", 1: "tokens"}, "position_ids": {0: "batch", 1: "tokens"},
+          "attention_mask": {0: "batch", 2: "tokens", 3: "kv_len"},
+          "logits": {0: "batch", 1: "tokens"}, "top_ids": {0: "batch", 1: "tokens"},
+          "top_probs": {0: "batch", 1: "tokens"}}
+    for i in range(num_layers):
+        for kind in ("key", "value"):
+            ax[f"past_key_values.{i}.{kind}"] = {0: "batch", 2: "past"}
+            ax[f"present.{i}.{kind}"] = {0: "batch", 2: "kv_len"}
+    return ax

@@ -1,0 +1,119 @@
+"""Load a dLLM from a local Hugging Face folder: ``config.json`` + ``*.safetensors``.
+
+Single-file checkpoints and sharded ones (``model.safetensors.index.json``) are read; tensor
+names of each layout are mapped onto the module's Qwen2-style names. Errors name the file,
+the tensor and what was expected.
+"""
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+from ..errors import UserError
+from .config import DLLMConfig
+
+TINY_DIR = Path(__file__).resolve().parent / "tiny"
+
+# LLaDA (OLMo-style) -> ours
+_LLADA = [
+    (r"model\.transformer\.wte\.weight", "model.embed_tokens.weight"),
+    (r"model\.transformer\.ln_f\.weight", "model.norm.weight"),
+    (r"model\.transformer\.ff_out\.weight", "lm_head.weight"),
+    (r"model\.transformer\.blocks\.(\d+)\.attn_norm\.weight", r"model.layers.\1.input_layernorm.weight"),
+    (r"model\.transformer\.blocks\.(\d+)\.ff_norm\.weight", r"model.layers.\1.post_attention_layernorm.weight"),
+    (r"model\.transformer\.blocks\.(\d+)\.(q|k|v)_proj\.(weight|bias)", r"model.layers.\1.self_attn.\2_proj.\3"),
+    (r"model\.transformer\.blocks\.(\d+)\.attn_out\.weight", r"model.layers.\1.self_attn.o_proj.weight"),
+    (r"model\.transformer\.blocks\.(\d+)\.ff_proj\.weight", r"model.layers.\1.mlp.gate_proj.weight"),
+    (r"model\.transformer\.blocks\.(\d+)\.up_proj\.weight", r"model.layers.\1.mlp.up_proj.weight"),
+    (r"model\.transformer\.blocks\.(\d+)\.ff_out\.weight", r"model.layers.\1.mlp.down_proj.weight"),
+]
+
+
+def map_name(layout: str, name: str) -> str | None:
+    """Checkpoint tensor name -> module parameter name (None: not a tensor we use)."""
+    if layout == "llada":
+        for pat, rep in _LLADA:
+            if re.fullmatch(pat, name):
+                return re.sub(pat, rep, name)
+        return None
+    if name.endswith("rotary_emb.inv_freq"):
+        return None
+    return name
+
+
+def _shard_files(folder: Path) -> list[Path]:
+    index = folder / "model.safetensors.index.json"
+    if index.exists():
+        try:
+            weight_map = json.loads(index.read_text())["weight_map"]
+        except (json.JSONDecodeError, KeyError, TypeError):
+            raise UserError(f"{index}: not a valid safetensors index (needs a 'weight_map' object)") from None
+        files = sorted({folder / f for f in weight_map.values()})
+        for f in files:
+            if not f.exists():
+                raise UserError(f"{index}: shard {f.name} is missing")
+        return files
+    files = sorted(folder.glob("*.safetensors"))
+    if not files:
+        raise UserError(f"{folder}: no *.safetensors weights")
+    return files
+
+
+def read_tensors(folder: Path) -> dict:
+    """All tensors of the checkpoint as torch tensors, by checkpoint name."""
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+    out = {}
+    for f in _shard_files(folder):
+        try:
+            out.update(load_file(str(f)))
+        except (SafetensorError, OSError, ValueError) as e:
+            raise UserError(f"{f}: corrupt safetensors file ({e})") from None
+    return out
+
+
+def resolve_model_dir(model: str | Path) -> Path:
+    if str(model) == "tiny":
+        if not (TINY_DIR / "model.safetensors").exists():
+            raise UserError(f"the bundled tiny model is missing from {TINY_DIR}")
+        return TINY_DIR
+    folder = Path(model)
+    if not folder.is_dir():
+        raise UserError(f"{folder}: no such model folder (expected config.json + *.safetensors, or 'tiny')")
+    return folder
+
+
+def load_model(model: str | Path, dtype=None, attention: str = "sdpa"):
+    """Build the module from the folder's config.json and load its weights. Returns (module, config)."""
+    import torch
+
+    from .transformer import DLLM
+
+    folder = resolve_model_dir(model)
+    cfg = DLLMConfig.from_file(folder / "config.json")
+    with torch.device("meta"):
+        module = DLLM(cfg)
+    expected = {k: tuple(v.shape) for k, v in module.state_dict().items()}
+    tensors = {}
+    for name, t in read_tensors(folder).items():
+        ours = map_name(cfg.layout, name)
+        if ours is None or ours not in expected:
+            continue
+        if tuple(t.shape) != expected[ours]:
+            raise UserError(f"{folder}: tensor {name} has shape {tuple(t.shape)}, expected {expected[ours]}")
+        tensors[ours] = t
+    if cfg.tie_word_embeddings:
+        tensors.pop("lm_head.weight", None)
+        expected.pop("lm_head.weight", None)
+    missing = sorted(set(expected) - set(tensors))
+    if missing:
+        raise UserError(f"{folder}: missing tensor {missing[0]} ({len(missing)} missing in all)")
+    module = module.to_empty(device="cpu")
+    module.load_state_dict(tensors, strict=False, assign=False)
+    if cfg.tie_word_embeddings:
+        module.lm_head.weight = module.model.embed_tokens.weight
+    module.eval().set_attention(attention)
+    if dtype is not None:
+        module = module.to(dtype)
+    return module, cfg

@@ -1,0 +1,44 @@
+"""Attention-mask builders: pure numpy functions, True = may attend.
+
+Shapes: a mask for T new tokens over P cached + T new keys is (T, P+T); callers add the
+batch and head axes ((B,1,T,P+T)) when they feed a graph.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+
+def bidirectional_mask(t: int, p: int = 0) -> np.ndarray:
+    """Every new token attends to every cached and new token (LLaDA, Dream)."""
+    return np.ones((t, p + t), dtype=bool)
+
+
+def block_causal_mask(block_ids: np.ndarray, past_block_ids: np.ndarray | None = None) -> np.ndarray:
+    """Token i attends to token j iff block(j) <= block(i).
+
+    ``block_ids`` (T,) gives each new token's block (the prompt is one block, block 0);
+    ``past_block_ids`` (P,) those of the cached tokens. Within a block attention is bidirectional;
+    between blocks it is causal, so the KV of a finished block never changes (exact cache).
+    """
+    q = np.asarray(block_ids)
+    k = q if past_block_ids is None else np.concatenate([np.asarray(past_block_ids), q])
+    return k[None, :] <= q[:, None]
+
+
+def tree_mask(p: int, branch_len: int, n_branches: int, prefix_valid: np.ndarray | None = None) -> np.ndarray:
+    """Tree-attention mask of the verifier: W branches of L tokens packed after a shared prefix.
+
+    Each branch attends to the whole (valid) prefix and bidirectionally to its own L tokens,
+    never to another branch. Shape (W*L, P + W*L).
+    """
+    n = branch_len * n_branches
+    m = np.zeros((n, p + n), dtype=bool)
+    m[:, :p] = True if prefix_valid is None else np.asarray(prefix_valid, dtype=bool)[None, :]
+    branch = np.repeat(np.arange(n_branches), branch_len)
+    m[:, p:] = branch[:, None] == branch[None, :]
+    return m
+
+
+def tree_positions(p: int, branch_len: int, n_branches: int) -> np.ndarray:
+    """Position ids (W*L,): every branch sits at positions P..P+L-1."""
+    return np.tile(np.arange(p, p + branch_len), n_branches)

@@ -1,0 +1,67 @@
+"""Tokenizers: the byte tokenizer of the tiny dLLM, and Hugging Face ``tokenizer.json`` files."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from ..errors import UserError
+
+
+class ByteTokenizer:
+    """Bytes 0-255 are their own ids; specials follow: mask=256, eos=257, pad=258."""
+
+    kind = "byte"
+    MASK, EOS, PAD = 256, 257, 258
+    vocab_size = 259
+
+    def encode(self, text: str) -> list[int]:
+        return list(text.encode("utf-8"))
+
+    def decode(self, ids) -> str:
+        out = bytearray()
+        for i in ids:
+            i = int(i)
+            if i == self.EOS:
+                break
+            if 0 <= i < 256:
+                out.append(i)
+        return out.decode("utf-8", errors="replace")
+
+    def to_manifest(self) -> dict:
+        return {"kind": "byte", "mask": self.MASK, "eos": self.EOS, "pad": self.PAD}
+
+
+class HFTokenizer:
+    """A Hugging Face ``tokenizer.json`` loaded with the ``tokenizers`` library (no network)."""
+
+    kind = "hf"
+
+    def __init__(self, path: str | Path, eos_token_id: int):
+        try:
+            from tokenizers import Tokenizer
+        except ImportError:  # pragma: no cover - a declared dependency
+            raise UserError("the 'tokenizers' package is needed to read tokenizer.json") from None
+        try:
+            self._tok = Tokenizer.from_file(str(path))
+        except Exception as e:  # the library raises a bare Exception on a bad file
+            raise UserError(f"{path}: not a valid tokenizer.json ({e})") from None
+        self.path = Path(path)
+        self.EOS = eos_token_id
+
+    def encode(self, text: str) -> list[int]:
+        return self._tok.encode(text, add_special_tokens=False).ids
+
+    def decode(self, ids) -> str:
+        ids = [int(i) for i in ids]
+        if self.EOS in ids:
+            ids = ids[: ids.index(self.EOS)]
+        return self._tok.decode(ids, skip_special_tokens=True)
+
+    def to_manifest(self) -> dict:
+        return {"kind": "hf", "file": "tokenizer.json"}
+
+
+def load_tokenizer(folder: str | Path | None, eos_token_id: int):
+    """``tokenizer.json`` in the folder if present, else the byte tokenizer."""
+    if folder is not None and (Path(folder) / "tokenizer.json").exists():
+        return HFTokenizer(Path(folder) / "tokenizer.json", eos_token_id)
+    return ByteTokenizer()

@@ -1,0 +1,209 @@
+"""Train the bundled tiny dLLM: block-causal masked diffusion, block length 32, byte vocabulary.
+
+    python -m dllm_deploy.models.train --out dllm_deploy/models/tiny --seed 0
+
+Objective (BD3-LM / SDAR style, vectorised): each training row is
+``[prompt | clean answer blocks | noisy answer blocks]``. Block b of the answer is noised by
+masking each token with probability t ~ U(0,1) (at least one token). A noisy block attends to the
+prompt, the clean blocks before it and itself (bidirectionally); a clean block attends to the
+prompt and the clean blocks up to itself; the prompt attends to itself. This is exactly what the
+runtime sees at decode time (prefilled prompt, committed blocks in the KV cache, one block being
+denoised), so every answer token gets a loss in one forward. Loss: cross-entropy on masked
+positions only. The answer is followed by EOS and padded with EOS to a whole block.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import random
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from ..evals import tasks
+from .config import DLLMConfig
+from .tokenizer import ByteTokenizer
+from .transformer import DLLM
+
+BLOCK = 32
+MIX = {"upper": 1.0, "reverse": 1.5, "kv": 1.5, "csv": 1.0, "count": 1.5, "letter": 0.7, "text": 0.8}
+KIND_PROMPT, KIND_CLEAN, KIND_NOISY, KIND_PAD = 0, 1, 2, 3
+
+
+def tiny_config(hidden: int = 256, layers: int = 6, heads: int = 8, kv_heads: int = 4, ffn: int = 704) -> DLLMConfig:
+    tok = ByteTokenizer()
+    return DLLMConfig(
+        layout="block_causal", model_type="dllm_block", vocab_size=tok.vocab_size, hidden_size=hidden,
+        num_layers=layers, num_heads=heads, num_kv_heads=kv_heads, intermediate_size=ffn,
+        mask_token_id=tok.MASK, eos_token_id=tok.EOS, pad_token_id=tok.PAD, rope_theta=10000.0,
+        rms_norm_eps=1e-6, max_seq=512, block_size=BLOCK, attention="block_causal",
+        tie_word_embeddings=False,
+    )
+
+
+def hf_config_dict(cfg: DLLMConfig) -> dict:
+    """The config.json written next to the weights (Qwen2-style keys + block_size)."""
+    return {
+        "model_type": cfg.model_type, "architectures": ["DLLMForBlockDiffusion"],
+        "vocab_size": cfg.vocab_size, "hidden_size": cfg.hidden_size,
+        "num_hidden_layers": cfg.num_layers, "num_attention_heads": cfg.num_heads,
+        "num_key_value_heads": cfg.num_kv_heads, "intermediate_size": cfg.intermediate_size,
+        "head_dim": cfg.head_dim, "rope_theta": cfg.rope_theta, "rms_norm_eps": cfg.rms_norm_eps,
+        "max_position_embeddings": cfg.max_seq, "block_size": cfg.block_size,
+        "qkv_bias": cfg.qkv_bias, "qk_norm": cfg.qk_norm, "tie_word_embeddings": cfg.tie_word_embeddings,
+        "mask_token_id": cfg.mask_token_id, "eos_token_id": cfg.eos_token_id, "pad_token_id": cfg.pad_token_id,
+        "tokenizer": "byte",
+    }
+
+
+def sample_example(rng: random.Random, held_out: set[str]) -> tasks.Example:
+    fams = list(MIX)
+    while True:
+        fam = rng.choices(fams, weights=[MIX[f] for f in fams])[0]
+        ex = tasks.gen_text(rng, "train") if fam == "text" else tasks.GENERATORS[fam](rng)
+        if ex.prompt not in held_out:
+            return ex
+
+
+def build_row(ex: tasks.Example, tok: ByteTokenizer, rng: random.Random):
+    """Token ids, positions, kinds, block ids, targets and loss flags for one training row."""
+    p = tok.encode(ex.prompt)
+    a = tok.encode(ex.answer) + [tok.EOS]
+    a += [tok.EOS] * (-len(a) % BLOCK)
+    nb = len(a) // BLOCK
+    noisy = list(a)
+    lossf = [0] * len(a)
+    for b in range(nb):
+        t = rng.random()
+        idx = range(b * BLOCK, (b + 1) * BLOCK)
+        hit = [i for i in idx if rng.random() < t] or [rng.choice(list(idx))]
+        for i in hit:
+            noisy[i] = tok.MASK
+            lossf[i] = 1
+    c = len(a) - BLOCK  # the last block's clean copy is context for nothing: leave it out
+    ids = p + a[:c] + noisy
+    pos = list(range(len(p))) + list(range(len(p), len(p) + c)) + list(range(len(p), len(p) + len(a)))
+    kind = [KIND_PROMPT] * len(p) + [KIND_CLEAN] * c + [KIND_NOISY] * len(a)
+    blk = [-1] * len(p) + [i // BLOCK for i in range(c)] + [i // BLOCK for i in range(len(a))]
+    tgt = [0] * (len(p) + c) + a
+    lf = [0] * (len(p) + c) + lossf
+    return ids, pos, kind, blk, tgt, lf
+
+
+def training_mask(kind: torch.Tensor, blk: torch.Tensor) -> torch.Tensor:
+    """(B,S) kinds and block ids -> (B,1,S,S) bool attention mask of the vectorised objective."""
+    qk, kk = kind[:, :, None], kind[:, None, :]
+    qb, kb = blk[:, :, None], blk[:, None, :]
+    key_prompt = kk == KIND_PROMPT
+    m_prompt = (qk == KIND_PROMPT) & key_prompt
+    m_clean = (qk == KIND_CLEAN) & (key_prompt | ((kk == KIND_CLEAN) & (kb <= qb)))
+    m_noisy = (qk == KIND_NOISY) & (key_prompt | ((kk == KIND_CLEAN) & (kb < qb)) | ((kk == KIND_NOISY) & (kb == qb)))
+    s = kind.shape[1]
+    eye = torch.eye(s, dtype=torch.bool)[None]
+    m_pad = (qk == KIND_PAD) & eye
+    return (m_prompt | m_clean | m_noisy | m_pad)[:, None]
+
+
+def make_batch(rng: random.Random, n: int, tok: ByteTokenizer, held_out: set[str], rows=None):
+    rows = rows or [build_row(sample_example(rng, held_out), tok, rng) for _ in range(n)]
+    s = max(len(r[0]) for r in rows)
+    def pad(i, v):
+        return torch.tensor([r[i] + [v] * (s - len(r[i])) for r in rows], dtype=torch.long)
+    ids, pos, kind, blk = pad(0, tok.PAD), pad(1, 0), pad(2, KIND_PAD), pad(3, -2)
+    tgt, lf = pad(4, 0), pad(5, 0)
+    return ids, pos, training_mask(kind, blk), tgt, lf.bool()
+
+
+def save(model: DLLM, out: Path, meta: dict) -> None:
+    from safetensors.torch import save_file
+    out.mkdir(parents=True, exist_ok=True)
+    tensors = {k: v.detach().contiguous() for k, v in model.state_dict().items()}
+    tmp = out / "model.safetensors.tmp"
+    save_file(tensors, str(tmp), metadata={"format": "pt"})
+    tmp.replace(out / "model.safetensors")
+    (out / "config.json").write_text(json.dumps(hf_config_dict(model.config), indent=2) + "\n")
+    (out / "training.json").write_text(json.dumps(meta, indent=2) + "\n")
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", type=Path, required=True, help="folder for config.json + model.safetensors")
+    ap.add_argument("--steps", type=int, default=1800)
+    ap.add_argument("--batch", type=int, default=32)
+    ap.add_argument("--lr", type=float, default=3e-3)
+    ap.add_argument("--warmup", type=int, default=60)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--hidden", type=int, default=256)
+    ap.add_argument("--layers", type=int, default=5)
+    ap.add_argument("--heads", type=int, default=4)
+    ap.add_argument("--kv-heads", type=int, default=2)
+    ap.add_argument("--ffn", type=int, default=640)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--log", type=Path, default=None, help="JSON-lines training log (default OUT/train_log.jsonl)")
+    ap.add_argument("--save-every", type=int, default=250)
+    ap.add_argument("--time-steps", type=int, default=0, help="only time this many steps and exit")
+    args = ap.parse_args(argv)
+
+    torch.manual_seed(args.seed)
+    torch.set_num_threads(args.threads)
+    rng = random.Random(args.seed)
+    tok = ByteTokenizer()
+    cfg = tiny_config(args.hidden, args.layers, args.heads, args.kv_heads, args.ffn)
+    model = DLLM(cfg)
+    for name, p in model.named_parameters():
+        if p.dim() == 2:
+            torch.nn.init.normal_(p, std=0.02 if "down_proj" not in name and "o_proj" not in name
+                                  else 0.02 / math.sqrt(2 * cfg.num_layers))
+    n_params = sum(p.numel() for p in model.parameters())
+    held_out = tasks.eval_prompts()
+    opt = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(0.9, 0.98), weight_decay=0.01)
+    log_path = args.log or args.out / "train_log.jsonl"
+    if not args.time_steps:
+        args.out.mkdir(parents=True, exist_ok=True)
+        log_f = open(log_path, "w")
+    t0 = time.time()
+    ema = None
+    pending: list = []
+    print(f"params {n_params/1e6:.2f}M  steps {args.steps}  batch {args.batch}", flush=True)
+    for step in range(1, args.steps + 1):
+        lr = args.lr * min(1.0, step / args.warmup) * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, step / args.steps))))
+        for g in opt.param_groups:
+            g["lr"] = lr
+        if not pending:  # draw 8 batches at once and bucket them by length: less padding
+            rows = sorted((build_row(sample_example(rng, held_out), tok, rng) for _ in range(8 * args.batch)),
+                          key=lambda r: len(r[0]))
+            pending = [rows[i:i + args.batch] for i in range(0, len(rows), args.batch)]
+            rng.shuffle(pending)
+        ids, pos, mask, tgt, lf = make_batch(rng, args.batch, tok, held_out, rows=pending.pop())
+        logits, _ = model(ids, pos, mask)
+        loss = F.cross_entropy(logits[lf], tgt[lf])
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        with torch.no_grad():
+            acc = (logits[lf].argmax(-1) == tgt[lf]).float().mean().item()
+        ema = loss.item() if ema is None else 0.98 * ema + 0.02 * loss.item()
+        if args.time_steps and step >= args.time_steps:
+            print(f"{(time.time()-t0)/step:.2f}s/step  seq {ids.shape[1]}", flush=True)
+            return
+        tokens_seen = (tokens_seen if step > 1 else 0) + int(ids.numel())
+        if step % 25 == 0 or (step == 1 and not args.time_steps):
+            rec = {"step": step, "loss": round(loss.item(), 4), "loss_ema": round(ema, 4), "masked_acc": round(acc, 4),
+                   "lr": round(lr, 6), "tokens": tokens_seen, "elapsed_s": round(time.time() - t0, 1)}
+            log_f.write(json.dumps(rec) + "\n")
+            log_f.flush()
+            print(json.dumps(rec), flush=True)
+        if step % args.save_every == 0 or step == args.steps:
+            save(model, args.out, {"seed": args.seed, "steps": step, "target_steps": args.steps, "batch": args.batch,
+                                   "lr": args.lr, "params": n_params, "elapsed_s": round(time.time() - t0, 1),
+                                   "mix": MIX, "threads": args.threads, "torch": torch.__version__})
+    log_f.close()
+
+
+if __name__ == "__main__":
+    main()

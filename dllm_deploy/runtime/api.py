@@ -1,0 +1,61 @@
+"""The Python surface: ``rt = Runtime.load("tiny"); rt.generate(["..."], strategy="spd")``."""
+from __future__ import annotations
+
+from dataclasses import fields
+
+from ..errors import UserError
+from .loop import Decoder, RowResult
+from .strategies import SELECTS, STRATEGIES, DecodeConfig
+
+_DECODE_FIELDS = {f.name for f in fields(DecodeConfig)}
+
+
+def decode_config(**kw) -> DecodeConfig:
+    """DecodeConfig from keyword arguments (None = default), with the checks a user needs."""
+    unknown = set(kw) - _DECODE_FIELDS
+    if unknown:
+        raise UserError(f"unknown decode option(s): {', '.join(sorted(unknown))}")
+    cfg = DecodeConfig(**{k: v for k, v in kw.items() if v is not None})
+    if cfg.strategy not in STRATEGIES:
+        raise UserError(f"unknown strategy {cfg.strategy!r} (expected one of {', '.join(STRATEGIES)})")
+    if cfg.select not in SELECTS:
+        raise UserError(f"unknown selection {cfg.select!r} (expected one of {', '.join(SELECTS)})")
+    if cfg.base not in ("vanilla", "threshold"):
+        raise UserError(f"unknown base rule {cfg.base!r} (expected vanilla or threshold)")
+    if not 0.0 < cfg.threshold <= 1.0:
+        raise UserError(f"threshold must be in (0, 1], got {cfg.threshold}")
+    if cfg.beam_width < 1:
+        raise UserError(f"beam width must be >= 1, got {cfg.beam_width}")
+    if cfg.tokens_per_step < 1:
+        raise UserError(f"tokens per step must be >= 1, got {cfg.tokens_per_step}")
+    from .tree import PRESETS
+    if cfg.tree not in PRESETS:
+        raise UserError(f"unknown tree preset {cfg.tree!r} (expected one of {', '.join(PRESETS)})")
+    return cfg
+
+
+class Runtime:
+    """A loaded model (torch) or artifact (ONNX Runtime) plus its tokenizer, ready to decode."""
+
+    def __init__(self, backend, tokenizer, config, max_beam_width: int | None = None):
+        self.backend, self.tokenizer, self.config = backend, tokenizer, config
+        self.decoder = Decoder(backend, tokenizer, config, max_beam_width=max_beam_width)
+
+    @classmethod
+    def load(cls, model: str | None = "tiny", artifact: str | None = None, backend: str | None = None,
+             device: str | None = None, precision: str = "fp32", threads: int | None = None) -> "Runtime":
+        if artifact is not None:
+            from .backends.ort_backend import load_artifact_runtime
+            return load_artifact_runtime(cls, artifact, precision=precision, threads=threads)
+        if backend not in (None, "torch"):
+            raise UserError(f"backend {backend!r} needs an exported artifact (--artifact DIR)")
+        from ..models.loading import resolve_model_dir
+        from ..models.tokenizer import load_tokenizer
+        from .backends.torch_backend import TorchBackend
+        be = TorchBackend.load(model or "tiny", device=device)
+        return cls(be, load_tokenizer(resolve_model_dir(model or "tiny"), be.config.eos_token_id), be.config)
+
+    def generate(self, prompts: str | list[str], **decode) -> list[RowResult]:
+        if isinstance(prompts, str):
+            prompts = [prompts]
+        return self.decoder.generate(list(prompts), decode_config(**decode))

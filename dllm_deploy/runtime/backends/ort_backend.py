@@ -1,0 +1,117 @@
+"""The ONNX Runtime backend: runs an exported artifact with no torch.
+
+Sessions per graph; execution providers and threads come from the profile (CPU here, with
+CUDA / TensorRT / OpenVINO options built from the same profile where those providers exist).
+The KV cache is a preallocated buffer per layer, (B, Hkv, capacity, D), sized once for the
+prompt + budget: a verify step allocates nothing for KV, and a commit copies one block in.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from ...artifact import read_manifest
+from ...errors import UserError
+
+
+def provider_list(providers: list[str], options: dict | None = None) -> list:
+    """The (name, options) list ONNX Runtime takes, keeping only providers this build has,
+    in the profile's order; CPU is always last as the fallback."""
+    import onnxruntime as ort
+    have = set(ort.get_available_providers())
+    out = []
+    for p in providers:
+        if p in have and p != "CPUExecutionProvider":
+            out.append((p, dict((options or {}).get(p, {}))))
+    out.append(("CPUExecutionProvider", {}))
+    return out
+
+
+class OrtCache:
+    def __init__(self, layers: int, batch: int, hkv: int, capacity: int, d: int, dtype):
+        self.k = [np.zeros((batch, hkv, capacity, d), dtype=dtype) for _ in range(layers)]
+        self.v = [np.zeros((batch, hkv, capacity, d), dtype=dtype) for _ in range(layers)]
+        self.length = 0
+
+    def past(self):
+        p = self.length
+        return [(k[:, :, :p], v[:, :, :p]) for k, v in zip(self.k, self.v)]
+
+    def keep_rows(self, rows: np.ndarray) -> None:
+        rows = np.asarray(rows)
+        self.k = [k[rows] for k in self.k]
+        self.v = [v[rows] for v in self.v]
+
+
+class OrtBackend:
+    name = "ort"
+
+    def __init__(self, folder: str | Path, manifest: dict, precision: str = "fp32", providers=None,
+                 provider_options: dict | None = None, threads: int | None = None):
+        import onnxruntime as ort
+        from ...models.config import DLLMConfig
+        self.folder, self.manifest = Path(folder), manifest
+        self.config = DLLMConfig.from_dict(manifest["model"])
+        self.topk = int(manifest["topk"])
+        files = manifest["precisions"][precision]
+        so = ort.SessionOptions()
+        so.log_severity_level = 3
+        if threads:
+            so.intra_op_num_threads = threads
+        so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        plist = provider_list(providers or ["CPUExecutionProvider"], provider_options)
+        try:
+            self.sessions = {g: ort.InferenceSession(str(self.folder / files[g]), so, providers=plist)
+                             for g in ("prefill", "verify")}
+        except Exception as e:  # onnxruntime raises its own Fail/InvalidGraph types
+            raise UserError(f"{self.folder}: cannot load the ONNX graphs ({type(e).__name__}: {str(e).splitlines()[0][:200]})") from None
+        self.providers = self.sessions["verify"].get_providers()
+        inp = self.sessions["prefill"].get_inputs()
+        self.kv_dtype = np.float16 if "float16" in inp[3].type else np.float32
+        self.names = manifest["graphs"]
+        self.past_names = self.names["prefill"]["inputs"][3:]
+
+    def new_cache(self, batch: int, capacity: int) -> OrtCache:
+        c = self.config
+        return OrtCache(c.num_layers, batch, c.num_kv_heads, max(capacity, 1), c.head_dim, self.kv_dtype)
+
+    def _feeds(self, cache, ids, pos, mask):
+        feeds = {"input_ids": np.ascontiguousarray(ids, dtype=np.int64),
+                 "position_ids": np.ascontiguousarray(pos, dtype=np.int64),
+                 "attention_mask": np.ascontiguousarray(mask, dtype=bool)}
+        for i, (k, v) in enumerate(cache.past()):
+            feeds[self.past_names[2 * i]] = k
+            feeds[self.past_names[2 * i + 1]] = v
+        return feeds
+
+    def prefill(self, cache, ids, pos, mask, keep: int):
+        outs = self.sessions["prefill"].run(None, self._feeds(cache, ids, pos, mask))
+        top_i, top_p = outs[1], outs[2]
+        p, end = cache.length, cache.length + keep
+        if end > cache.k[0].shape[2]:
+            raise UserError(f"KV cache capacity {cache.k[0].shape[2]} exceeded")
+        for i in range(self.config.num_layers):
+            cache.k[i][:, :, p:end] = outs[3 + 2 * i][:, :, p:end]
+            cache.v[i][:, :, p:end] = outs[4 + 2 * i][:, :, p:end]
+        cache.length = end
+        return top_i, top_p.astype(np.float32, copy=False)
+
+    def verify(self, cache, ids, pos, mask):
+        top_i, top_p = self.sessions["verify"].run(None, self._feeds(cache, ids, pos, mask))
+        return top_i, top_p.astype(np.float32, copy=False)
+
+
+def load_artifact_runtime(runtime_cls, folder, precision: str = "fp32", threads: int | None = None,
+                          providers=None, provider_options=None):
+    from ...models.tokenizer import ByteTokenizer, HFTokenizer
+    m = read_manifest(folder, verify=True, precision=precision)
+    be = OrtBackend(folder, m, precision=precision, providers=providers, provider_options=provider_options, threads=threads)
+    tok_kind = m["tokenizer"].get("kind")
+    if tok_kind == "byte":
+        tok = ByteTokenizer()
+    elif tok_kind == "hf":
+        tok = HFTokenizer(Path(folder) / m["tokenizer"]["file"], be.config.eos_token_id)
+    else:
+        raise UserError(f"{folder}: unknown tokenizer kind {tok_kind!r} in the manifest")
+    return runtime_cls(be, tok, be.config, max_beam_width=int(m.get("max_beam_width", 8)))

@@ -1,0 +1,65 @@
+"""The torch reference backend (CPU, or CUDA where present). Imports torch lazily."""
+from __future__ import annotations
+
+import numpy as np
+
+
+class TorchCache:
+    def __init__(self, past, device):
+        self.past = past            # list of (key, value), each (B,Hkv,P,D)
+        self.device = device
+
+    @property
+    def length(self) -> int:
+        return int(self.past[0][0].shape[2])
+
+    def keep_rows(self, rows: np.ndarray) -> None:
+        import torch
+        idx = torch.as_tensor(np.asarray(rows), device=self.device)
+        self.past = [(k.index_select(0, idx), v.index_select(0, idx)) for k, v in self.past]
+
+
+class TorchBackend:
+    name = "torch"
+
+    def __init__(self, model, config, device: str = "cpu", topk: int = 2, threads: int | None = None):
+        import torch
+        if threads:
+            torch.set_num_threads(threads)
+        self.torch = torch
+        self.model = model.to(device).eval()
+        self.config = config
+        self.device = device
+        self.topk = topk
+
+    @classmethod
+    def load(cls, model: str = "tiny", device: str | None = None, topk: int = 2):
+        import torch
+
+        from ...models.loading import load_model
+        device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+        module, cfg = load_model(model)
+        return cls(module, cfg, device=device, topk=topk)
+
+    def new_cache(self, batch: int, capacity: int = 0) -> TorchCache:
+        return TorchCache(self.model.empty_past(batch, self.device, self.model.lm_head.weight.dtype), self.device)
+
+    def _run(self, cache, ids, pos, mask):
+        t = self.torch
+        with t.inference_mode():
+            logits, present = self.model(
+                t.as_tensor(ids, device=self.device), t.as_tensor(pos, device=self.device),
+                t.as_tensor(mask, device=self.device), cache.past)
+            probs = t.softmax(logits.float(), dim=-1)
+            top_p, top_i = probs.topk(self.topk, dim=-1)
+        return top_i.cpu().numpy(), top_p.cpu().numpy(), present
+
+    def prefill(self, cache, ids, pos, mask, keep: int):
+        top_i, top_p, present = self._run(cache, ids, pos, mask)
+        end = cache.length + keep
+        cache.past = [(k[:, :, :end], v[:, :, :end]) for k, v in present]
+        return top_i, top_p
+
+    def verify(self, cache, ids, pos, mask):
+        top_i, top_p, _ = self._run(cache, ids, pos, mask)
+        return top_i, top_p

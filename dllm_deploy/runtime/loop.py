@@ -1,0 +1,281 @@
+"""The decode loop: one loop for every strategy, every backend, every cache mode.
+
+Per block (L positions, all [MASK] at the start), per iteration:
+    nodes = policy.plan(S, f(S))           # W drafted block states (node 0 = base rule's step)
+    f(nodes) = backend.verify(nodes)       # ONE forward, W branches under a tree mask
+    S, f(S) = policy.select(nodes, f)      # as deep as verification allows
+When a block is full: one fused forward commits its KV and predicts the next block's first
+state; the prompt prefill is fused the same way with the first block. Every forward counts.
+
+Rows of a batch move block by block in lockstep; a row whose block is full waits for the
+others (its results are ignored and it is not charged the forward); a finished row (EOS with
+every position before it committed, or the budget spent) leaves the batch.
+
+Dimension legend: B rows, L block length, W beam width, P cached positions, K top-k.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ..errors import UserError
+from .strategies import DecodeConfig, Policy
+
+CACHE_MODES = ("none", "prefix", "dual", "exact", "auto")
+
+
+@dataclass
+class RowResult:
+    text: str
+    token_ids: list[int]
+    forwards: int = 0
+    tokens: int = 0
+    tpf: float = 0.0
+    wall_s: float = 0.0
+    tokens_per_s: float = 0.0
+    beam_width_used: int = 1
+    accepted_hist: dict = field(default_factory=dict)
+    finished: bool = False          # True: stopped at EOS; False: the token budget ran out
+
+    def to_dict(self) -> dict:
+        d = dict(self.__dict__)
+        d["accepted_hist"] = {str(k): v for k, v in sorted(self.accepted_hist.items())}
+        return d
+
+
+def resolve_cache(mode: str, attention: str, width: int) -> str:
+    if mode not in CACHE_MODES:
+        raise UserError(f"unknown cache mode {mode!r} (expected one of {', '.join(CACHE_MODES)})")
+    if mode == "auto":
+        return "exact" if attention == "block_causal" else "prefix"
+    if mode == "exact" and attention != "block_causal":
+        raise UserError("cache mode 'exact' needs a block-causal model; use 'prefix' or 'none' for a bidirectional one")
+    if mode == "dual":
+        raise UserError("cache mode 'dual' is not implemented yet; use 'prefix' or 'none'")
+    if mode == "none" and attention != "block_causal" and width > 1:
+        raise UserError("cache mode 'none' on a bidirectional model verifies one branch per forward: use beam width 1 or 'prefix'")
+    if mode == "prefix" and attention == "block_causal":
+        return "exact"  # for a block-causal model the prefix cache is exact
+    return mode
+
+
+class _Batch:
+    """Prefix bookkeeping + the engine cache for the rows still decoding."""
+
+    def __init__(self, backend, attention: str, mode: str, prompts: list[list[int]], pad_id: int, capacity: int):
+        self.backend, self.attention, self.mode = backend, attention, mode
+        b, p = len(prompts), max(len(x) for x in prompts)
+        self.ids = np.full((b, p), pad_id, dtype=np.int64)           # (B,P) left-padded prompt
+        self.valid = np.zeros((b, p), dtype=bool)                     # (B,P) real token?
+        for r, x in enumerate(prompts):
+            self.ids[r, p - len(x):] = x
+            self.valid[r, p - len(x):] = True
+        self.prompt_len = np.array([len(x) for x in prompts], dtype=np.int64)
+        self.pos = np.maximum(np.cumsum(self.valid, axis=1) - 1, 0)   # (B,P) position ids
+        self.blk = np.zeros((b, p), dtype=np.int64)                   # (B,P) block id (prompt = 0)
+        self.rows = np.arange(b)                                      # original row of each live row
+        self.cache = backend.new_cache(b, capacity) if mode != "none" else None
+        self.prefix_len = 0                                           # P: tokens already in prefix
+
+    def keep(self, live: np.ndarray) -> None:
+        idx = np.flatnonzero(live)
+        if idx.size == len(self.rows):
+            return
+        for name in ("ids", "valid", "pos", "blk", "prompt_len", "rows"):
+            setattr(self, name, getattr(self, name)[idx])
+        if self.cache is not None:
+            self.cache.keep_rows(idx)
+
+    def forward(self, new_ids, new_pos, new_mask, new_blk, keep: int):
+        """new_ids/new_pos (B,T); new_mask (B,T,T) among the new tokens; keep: how many of the
+        new tokens join the prefix (0 = verify). Returns top ids/probs (B,T,K)."""
+        b, t = new_ids.shape
+        if self.mode != "none":
+            p = self.cache.length
+            pre = self.valid[:, None, None, :p] if p else np.zeros((b, 1, 1, 0), dtype=bool)
+            mask = np.concatenate([np.broadcast_to(pre, (b, 1, t, p)), new_mask[:, None]], axis=-1)
+            out = (self.backend.prefill(self.cache, new_ids, new_pos, mask, keep) if keep
+                   else self.backend.verify(self.cache, new_ids, new_pos, mask))
+        else:
+            p = self.ids.shape[1] if self.prefix_len else 0
+            ids = np.concatenate([self.ids[:, :p], new_ids], axis=1)
+            pos = np.concatenate([self.pos[:, :p], new_pos], axis=1)
+            mask = np.zeros((b, p + t, p + t), dtype=bool)
+            v = self.valid[:, :p]
+            if self.attention == "block_causal":
+                mask[:, :p, :p] = v[:, None, :] & (self.blk[:, None, :p] <= self.blk[:, :p, None])
+            else:
+                mask[:, :p, :p] = v[:, None, :]
+                mask[:, :p, p:] = True
+            mask[:, :p, :p] |= np.eye(p, dtype=bool)[None]           # pad rows attend themselves
+            mask[:, p:, :p] = v[:, None, :]
+            mask[:, p:, p:] = new_mask
+            cache = self.backend.new_cache(b, p + t)
+            top_i, top_p = self.backend.verify(cache, ids, pos, mask[:, None])
+            out = (top_i[:, p:], top_p[:, p:])
+        if keep:
+            if self.prefix_len:                       # a committed block (the prompt is already in)
+                self._extend(new_ids[:, :keep], new_pos[:, :keep], new_blk[:, :keep])
+            self.prefix_len += keep
+        return out
+
+    def _extend(self, ids, pos, blk):
+        self.ids = np.concatenate([self.ids, ids], axis=1)
+        self.pos = np.concatenate([self.pos, pos], axis=1)
+        self.blk = np.concatenate([self.blk, blk], axis=1)
+        self.valid = np.concatenate([self.valid, np.ones_like(ids, dtype=bool)], axis=1)
+
+
+def _prompt_mask(valid: np.ndarray, block_len: int) -> np.ndarray:
+    """(B,P+L,P+L) among [prompt | first block]: the prompt attends its valid tokens, pads attend
+    themselves, the block attends the valid prompt and itself."""
+    b, p = valid.shape
+    n = p + block_len
+    m = np.zeros((b, n, n), dtype=bool)
+    m[:, :p, :p] = valid[:, None, :]
+    m[:, :p, :p] |= np.eye(p, dtype=bool)[None] & ~valid[:, :, None]
+    m[:, p:, :p] = valid[:, None, :]
+    m[:, p:, p:] = True
+    return m
+
+
+def _commit_mask(b: int, block_len: int) -> np.ndarray:
+    """(B,2L,2L) among [finished block | next block]: block-causal between the two."""
+    blk = np.repeat([0, 1], block_len)
+    return np.broadcast_to(blk[None, :] <= blk[:, None], (b, 2 * block_len, 2 * block_len))
+
+
+def _finished_at(tokens: np.ndarray, mask_id: int, eos_id: int) -> int | None:
+    """Index just past the first EOS if every position before it is committed, else None."""
+    hits = np.flatnonzero(tokens == eos_id)
+    if hits.size and not (tokens[: hits[0]] == mask_id).any():
+        return int(hits[0]) + 1
+    return None
+
+
+class Decoder:
+    """Runs a DecodeConfig over a backend. ``generate`` returns one RowResult per prompt."""
+
+    def __init__(self, backend, tokenizer, config, max_beam_width: int | None = None):
+        self.backend, self.tok, self.config = backend, tokenizer, config
+        self.max_beam_width = max_beam_width
+
+    def generate(self, prompts: list[str], dcfg: DecodeConfig) -> list[RowResult]:
+        c = self.config
+        if not prompts:
+            raise UserError("no prompt given")
+        L = dcfg.block_length
+        if L < 1 or dcfg.gen_length < 1:
+            raise UserError("block length and gen length must be >= 1")
+        width = dcfg.beam_width if dcfg.strategy == "spd" else 1
+        if self.max_beam_width is not None and width > self.max_beam_width:
+            width = self.max_beam_width
+        dcfg = DecodeConfig(**{**dcfg.__dict__, "beam_width": width})
+        policy = Policy(dcfg, c.mask_token_id)
+        mode = resolve_cache(dcfg.cache, c.attention, policy.width)
+        n_blocks = -(-dcfg.gen_length // L)
+        encoded = [self.tok.encode(p) for p in prompts]
+        for x in encoded:
+            if not x:
+                raise UserError("empty prompt")
+            if len(x) + n_blocks * L > c.max_seq:
+                raise UserError(f"prompt of {len(x)} tokens + {n_blocks * L} generated exceeds the model's max_seq {c.max_seq}")
+        t0 = time.perf_counter()
+        results = self._run(encoded, dcfg, policy, mode, n_blocks)
+        wall = time.perf_counter() - t0
+        out = []
+        for ids, st in results:
+            r = RowResult(text=self.tok.decode(ids), token_ids=[int(i) for i in ids], **st)
+            r.tpf = r.tokens / max(r.forwards, 1)
+            r.wall_s = wall
+            r.tokens_per_s = r.tokens / wall if wall > 0 else 0.0
+            r.beam_width_used = policy.width
+            out.append(r)
+        return out
+
+    def _run(self, encoded, dcfg: DecodeConfig, policy: Policy, mode: str, n_blocks: int):
+        c, L, m = self.config, dcfg.block_length, self.config.mask_token_id
+        n = len(encoded)
+        gen = [[] for _ in range(n)]
+        stats = [{"forwards": 0, "tokens": 0, "accepted_hist": {}, "finished": False} for _ in range(n)]
+        batch = _Batch(self.backend, c.attention, mode, encoded, c.pad_token_id, max(map(len, encoded)) + n_blocks * L)
+        w = policy.width
+        tree_new = np.kron(np.eye(w, dtype=bool), np.ones((L, L), dtype=bool))     # (W*L, W*L)
+        ar = np.arange(L)
+
+        # prefill fused with the first block's all-mask forward
+        b = n
+        state = np.full((b, L), m, dtype=np.int64)                                   # (B,L)
+        p = batch.ids.shape[1]
+        new_ids = np.concatenate([batch.ids, state], axis=1)
+        new_pos = np.concatenate([batch.pos, batch.prompt_len[:, None] + ar], axis=1)
+        new_blk = np.zeros_like(new_ids)
+        fi, fp = batch.forward(new_ids, new_pos, _prompt_mask(batch.valid, L), new_blk, keep=p)
+        fi, fp = fi[:, p:], fp[:, p:]                                                # (B,L,K)
+        for s in stats:
+            s["forwards"] += 1
+
+        for blk in range(n_blocks):
+            b = len(batch.rows)
+            base = batch.prompt_len + blk * L                                        # (B,) first position
+            step = np.zeros(b, dtype=np.int64)                                      # rule steps taken
+            done = np.zeros(b, dtype=bool)                                           # block full (or EOS)
+            ended = np.zeros(b, dtype=bool)                                          # EOS reached
+            while True:
+                nodes = np.stack([policy.plan(state[r], fi[r], fp[r], int(step[r])) for r in range(b)])   # (B,W,L)
+                for r in range(b):
+                    if done[r]:
+                        continue
+                    state[r] = nodes[r, 0]
+                    if _finished_at(state[r], m, c.eos_token_id) is not None:
+                        done[r] = ended[r] = True
+                    elif not (state[r] == m).any():
+                        done[r] = True
+                need = ~done
+                if not need.any():
+                    break
+                vi, vp = batch.forward(nodes.reshape(b, w * L), np.tile(base[:, None] + ar, (1, w)),
+                                       np.broadcast_to(tree_new, (b, w * L, w * L)),
+                                       None, keep=0)
+                vi = vi.reshape(b, w, L, -1)
+                vp = vp.reshape(b, w, L, -1)
+                for r in np.flatnonzero(need):
+                    cur, steps = policy.select(nodes[r], vi[r], vp[r], int(step[r]))
+                    st = stats[batch.rows[r]]
+                    st["forwards"] += 1
+                    st["accepted_hist"][steps] = st["accepted_hist"].get(steps, 0) + 1
+                    state[r] = nodes[r, cur]
+                    fi[r], fp[r] = vi[r, cur], vp[r, cur]
+                    step[r] += steps
+                    if _finished_at(state[r], m, c.eos_token_id) is not None:
+                        done[r] = ended[r] = True
+                    elif not (state[r] == m).any():
+                        done[r] = True
+            for r in range(b):
+                row = batch.rows[r]
+                toks = state[r]
+                stop = _finished_at(toks, m, c.eos_token_id)
+                gen[row].extend(int(x) for x in (toks if stop is None else toks[:stop]))
+                if stop is not None:
+                    stats[row]["finished"] = True
+            live = ~ended
+            if blk == n_blocks - 1 or not live.any():
+                break
+            batch.keep(live)
+            state, fi, fp = state[live], fi[live], fp[live]
+            b = len(batch.rows)
+            base = batch.prompt_len + blk * L
+            nxt = np.full((b, L), m, dtype=np.int64)
+            ids2 = np.concatenate([state, nxt], axis=1)
+            pos2 = np.concatenate([base[:, None] + ar, base[:, None] + L + ar], axis=1)
+            blk2 = np.full_like(ids2, blk + 1)
+            fi, fp = batch.forward(ids2, pos2, _commit_mask(b, L), blk2, keep=L)
+            fi, fp = fi[:, L:], fp[:, L:]
+            for row in batch.rows:
+                stats[row]["forwards"] += 1
+            state = nxt
+        for row in range(n):
+            stats[row]["tokens"] = len(gen[row])
+        return list(zip(gen, stats))

@@ -1,0 +1,83 @@
+"""Base commit rules: what one denoising step commits in a block, given the model's predictions.
+
+A rule maps (block state, per-position top-1 ids and probabilities, step index) to the next
+block state. Rules are pure numpy on one row: ``state`` (L,) int64 with ``mask_id`` where a
+position is still masked; ``ids`` / ``probs`` (L,) the top-1 prediction per position.
+Ties in confidence go to the lower position (stable order), so every backend and the C++ port
+commit the same tokens.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+
+def _ranked_masked(state: np.ndarray, probs: np.ndarray, mask_id: int) -> np.ndarray:
+    """Masked positions, most confident first (stable: lower position wins a tie)."""
+    pos = np.flatnonzero(state == mask_id)
+    return pos[np.argsort(-probs[pos], kind="stable")]
+
+
+def commit(state: np.ndarray, ids: np.ndarray, positions: np.ndarray) -> np.ndarray:
+    out = state.copy()
+    out[positions] = ids[positions]
+    return out
+
+
+@dataclass(frozen=True)
+class Vanilla:
+    """LLaDA low-confidence remasking: commit the k most confident masked positions per step.
+
+    ``steps`` (per block) follows LLaDA's ``get_num_transfer_tokens``: with m masked positions at
+    the block start and s steps, step i commits m // s tokens, plus one for the first m % s steps.
+    ``steps=None`` means ``tokens_per_step`` (k) every step; k = 1 is the quality gold standard.
+    """
+    tokens_per_step: int = 1
+    steps: int | None = None
+    name: str = "vanilla"
+
+    def count(self, block_len: int, step: int) -> int:
+        if self.steps is None:
+            return self.tokens_per_step
+        base, rem = divmod(block_len, self.steps)
+        return base + (1 if step < rem else 0)
+
+    def __call__(self, state, ids, probs, step, mask_id):
+        ranked = _ranked_masked(state, probs, mask_id)
+        n = max(1, self.count(len(state), step))
+        return commit(state, ids, ranked[:n])
+
+
+@dataclass(frozen=True)
+class Threshold:
+    """Fast-dLLM confidence-aware parallel decoding: commit every masked position whose top-1
+    probability is >= tau, and always at least the most confident one."""
+    tau: float = 0.9
+    name: str = "threshold"
+
+    def __call__(self, state, ids, probs, step, mask_id):
+        ranked = _ranked_masked(state, probs, mask_id)
+        if ranked.size == 0:
+            return state.copy()
+        n = max(1, int((probs[ranked] >= self.tau).sum()))
+        return commit(state, ids, ranked[:n])
+
+
+@dataclass(frozen=True)
+class ThresholdSchedule:
+    """The dynamic threshold of SPD's lossy mode ("confidence game", DESIGN §2).
+
+    tau starts high (``init``), is multiplied by ``decay`` every step of a block down to ``floor``,
+    and is ``init`` again once ``end_tokens`` or fewer masked positions remain in the last block
+    of the budget or the block (the tail is where a wrong token ends the answer).
+    """
+    init: float = 0.93
+    decay: float = 0.97
+    floor: float = 0.85
+    end_tokens: int = 2
+
+    def tau(self, step: int, masked_left: int) -> float:
+        if masked_left <= self.end_tokens:
+            return self.init
+        return max(self.floor, self.init * self.decay ** step)
