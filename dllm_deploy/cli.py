@@ -82,15 +82,19 @@ def cmd_eval(a) -> int:
     from .evals.harness import run_eval
     from .runtime.api import decode_config
     dcfg = decode_config(**_decode_kwargs(a))
-    families = tuple(a.tasks.split(",")) if a.tasks else tasks.FAMILIES
-    bad = [f for f in families if f not in tasks.FAMILIES]
+    wanted = tuple(a.tasks.split(",")) if a.tasks else tasks.FAMILIES + tasks.OPEN_FAMILIES
+    bad = [f for f in wanted if f not in tasks.FAMILIES + tasks.OPEN_FAMILIES]
     if bad:
-        raise UserError(f"unknown task {bad[0]!r} (expected some of {', '.join(tasks.FAMILIES)})")
+        raise UserError(f"unknown task {bad[0]!r} (expected some of {', '.join(tasks.FAMILIES + tasks.OPEN_FAMILIES)})")
+    families = tuple(f for f in wanted if f in tasks.FAMILIES)
     if a.n < 1 or a.n > tasks.EVAL_PER_FAMILY:
         raise UserError(f"--n must be between 1 and {tasks.EVAL_PER_FAMILY}")
     rt = _runtime(a)
     bar = _progress(len(families) * a.n, f"eval {dcfg.strategy}", not a.json and sys.stderr.isatty())
     res = run_eval(rt.decoder, dcfg, families=families, n=a.n, batch_size=a.batch_size, progress=bar)
+    if "text" in wanted:
+        from .evals.harness import masked_nll
+        res["open_text"] = masked_nll(rt.backend, rt.tokenizer, rt.config, n=a.n)
     if not a.outputs:
         res.pop("outputs")
     if a.json:
@@ -100,6 +104,8 @@ def cmd_eval(a) -> int:
         print(f"{'task':<10}{'acc':>7}{'n':>5}{'TPF':>8}{'forwards':>10}{'tokens':>8}{'tok/s':>9}")
         for name, s in list(res["tasks"].items()) + [("overall", res["overall"])]:
             print(f"{name:<10}{s['accuracy']:>7.3f}{s['n']:>5}{s['tpf']:>8.2f}{s['forwards']:>10}{s['tokens']:>8}{s['tokens_per_s']:>9.1f}")
+        if "open_text" in res:
+            print(f"text (open, not in overall): masked NLL {res['open_text']['masked_nll']:.3f} nats/token")
     return 0
 
 

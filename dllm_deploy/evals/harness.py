@@ -60,33 +60,28 @@ def run_eval(decoder, dcfg, families=tasks.FAMILIES, n: int = tasks.EVAL_PER_FAM
             "wall_s": wall, "outputs": outputs}
 
 
-def masked_nll(backend, tokenizer, config, n: int = tasks.EVAL_PER_FAMILY, ratios=(0.25, 0.5, 0.75, 1.0), seed: int = 0) -> dict:
-    """Open-text family: mean negative log-likelihood (nats/token) of masked answer tokens of the
-    first block, at fixed mask ratios (a Monte-Carlo estimate of the diffusion ELBO's terms)."""
+def masked_nll(backend, tokenizer, config, n: int = tasks.EVAL_PER_FAMILY, ratios=(0.25, 0.5, 0.75, 1.0),
+               seed: int = 0) -> dict:
+    """Open-text family: mean negative log-likelihood (nats/token) of the masked tokens of the
+    answer's first block at fixed mask ratios, given the prompt (the terms of the diffusion ELBO
+    at those ratios). Lower is better; a uniform guess over bytes scores ln 256 = 5.55."""
     rng = np.random.default_rng(seed)
     L = config.block_size
     nll, count = 0.0, 0
     for e in tasks.eval_split(families=("text",), n=n):
         p = tokenizer.encode(e.prompt)
-        a = (tokenizer.encode(e.answer) + [config.eos_token_id] * L)[:L]
+        a = np.array((tokenizer.encode(e.answer) + [config.eos_token_id] * L)[:L])
         for ratio in ratios:
             hide = rng.random(L) < ratio
             if not hide.any():
                 hide[rng.integers(L)] = True
-            block = np.where(hide, config.mask_token_id, a)
-            ids = np.array([p + list(block)], dtype=np.int64)
-            pos = np.arange(ids.shape[1])[None]
+            ids = np.concatenate([p, np.where(hide, config.mask_token_id, a)])[None].astype(np.int64)
             t = ids.shape[1]
-            mask = np.zeros((1, 1, t, t), dtype=bool)
-            mask[..., :len(p), :len(p)] = True
-            mask[..., len(p):, :] = True
-            cache = backend.new_cache(1, t)
-            top_i, top_p = backend.verify(cache, ids, pos, mask)
-            # top-k only: a target outside the top-k is charged the k-th probability (an upper bound)
-            for j in np.flatnonzero(hide):
-                row_i, row_p = top_i[0, len(p) + j], top_p[0, len(p) + j]
-                hit = np.flatnonzero(row_i == a[j])
-                prob = row_p[hit[0]] if hit.size else row_p[-1]
-                nll += -float(np.log(max(prob, 1e-9)))
-                count += 1
-    return {"masked_nll_upper_bound": nll / max(count, 1), "n": n, "tokens": count, "ratios": list(ratios)}
+            blocks = np.array([0] * len(p) + [1] * L)
+            mask = (blocks[None, :] <= blocks[:, None])[None, None]
+            logits = backend.logits(backend.new_cache(1, t), ids, np.arange(t)[None], mask)[0, len(p):]
+            logz = np.log(np.exp(logits - logits.max(-1, keepdims=True)).sum(-1)) + logits.max(-1)
+            lp = logits[np.arange(L), a] - logz
+            nll -= float(lp[hide].sum())
+            count += int(hide.sum())
+    return {"masked_nll": nll / max(count, 1), "n": n, "tokens": count, "ratios": list(ratios)}

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import random
+import re
 import sysconfig
 from dataclasses import dataclass
 from pathlib import Path
@@ -108,6 +109,7 @@ def gen_letter(rng: random.Random) -> Example:
 
 
 _TEXT_CACHE: dict[str, list[str]] = {}
+_NON_PRINTABLE = re.compile(r"[^\x20-\x7e\n]")
 
 
 def _stdlib_chunks(split: str) -> list[str]:
@@ -126,7 +128,7 @@ def _stdlib_chunks(split: str) -> list[str]:
             src = p.read_text(encoding="utf-8", errors="ignore")
         except OSError:
             continue
-        src = "".join(ch for ch in src if 32 <= ord(ch) < 127 or ch == "\n")
+        src = _NON_PRINTABLE.sub("", src)
         for j in range(0, len(src) - 200, 160):
             chunks.append(src[j:j + 160])
     _TEXT_CACHE[split] = chunks

@@ -31,6 +31,7 @@ from .transformer import DLLM
 
 BLOCK = 32
 MIX = {"upper": 1.0, "reverse": 1.5, "kv": 1.5, "csv": 1.0, "count": 1.5, "letter": 0.7, "text": 0.8}
+SUFFIX_SHARE = 0.5  # share of blocks noised by suffix masking (the rest: each token masked w.p. t ~ U(0,1))
 KIND_PROMPT, KIND_CLEAN, KIND_NOISY, KIND_PAD = 0, 1, 2, 3
 
 
@@ -78,9 +79,15 @@ def build_row(ex: tasks.Example, tok: ByteTokenizer, rng: random.Random):
     noisy = list(a)
     lossf = [0] * len(a)
     for b in range(nb):
-        t = rng.random()
         idx = range(b * BLOCK, (b + 1) * BLOCK)
-        hit = [i for i in idx if rng.random() < t] or [rng.choice(list(idx))]
+        if rng.random() < SUFFIX_SHARE:
+            # suffix masking: everything from a random cut on, plus a few holes before it -- the
+            # states a confident left-to-right decode passes through
+            cut = b * BLOCK + rng.randrange(BLOCK)
+            hit = [i for i in idx if i >= cut or rng.random() < 0.1]
+        else:
+            t = rng.random()
+            hit = [i for i in idx if rng.random() < t] or [rng.choice(list(idx))]
         for i in hit:
             noisy[i] = tok.MASK
             lossf[i] = 1
@@ -130,11 +137,12 @@ def save(model: DLLM, out: Path, meta: dict) -> None:
 
 
 def main(argv=None) -> None:
+    global SUFFIX_SHARE
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", type=Path, required=True, help="folder for config.json + model.safetensors")
-    ap.add_argument("--steps", type=int, default=1800)
-    ap.add_argument("--batch", type=int, default=32)
-    ap.add_argument("--lr", type=float, default=3e-3)
+    ap.add_argument("--steps", type=int, default=3600)
+    ap.add_argument("--batch", type=int, default=16)
+    ap.add_argument("--lr", type=float, default=1e-3)
     ap.add_argument("--warmup", type=int, default=60)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--hidden", type=int, default=256)
@@ -144,9 +152,14 @@ def main(argv=None) -> None:
     ap.add_argument("--ffn", type=int, default=640)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--log", type=Path, default=None, help="JSON-lines training log (default OUT/train_log.jsonl)")
-    ap.add_argument("--save-every", type=int, default=250)
+    ap.add_argument("--save-every", type=int, default=100)
+    ap.add_argument("--stop-after", type=int, default=0, help="stop after this many steps (schedule of --steps)")
+    ap.add_argument("--suffix-share", type=float, default=SUFFIX_SHARE, help="share of blocks with suffix masking")
+    ap.add_argument("--init-from", type=Path, default=None,
+                    help="continue from the weights in this folder (a second phase with its own schedule)")
     ap.add_argument("--time-steps", type=int, default=0, help="only time this many steps and exit")
     args = ap.parse_args(argv)
+    SUFFIX_SHARE = args.suffix_share
 
     torch.manual_seed(args.seed)
     torch.set_num_threads(args.threads)
@@ -158,13 +171,19 @@ def main(argv=None) -> None:
         if p.dim() == 2:
             torch.nn.init.normal_(p, std=0.02 if "down_proj" not in name and "o_proj" not in name
                                   else 0.02 / math.sqrt(2 * cfg.num_layers))
+    previous = None
+    if args.init_from is not None:
+        from safetensors.torch import load_file
+        model.load_state_dict(load_file(str(args.init_from / "model.safetensors")))
+        meta = args.init_from / "training.json"
+        previous = json.loads(meta.read_text()) if meta.exists() else None
     n_params = sum(p.numel() for p in model.parameters())
     held_out = tasks.eval_prompts()
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(0.9, 0.98), weight_decay=0.01)
     log_path = args.log or args.out / "train_log.jsonl"
     if not args.time_steps:
         args.out.mkdir(parents=True, exist_ok=True)
-        log_f = open(log_path, "w")
+        log_f = open(log_path, "a" if args.init_from else "w")
     t0 = time.time()
     ema = None
     pending: list = []
@@ -193,15 +212,18 @@ def main(argv=None) -> None:
             return
         tokens_seen = (tokens_seen if step > 1 else 0) + int(ids.numel())
         if step % 25 == 0 or (step == 1 and not args.time_steps):
-            rec = {"step": step, "loss": round(loss.item(), 4), "loss_ema": round(ema, 4), "masked_acc": round(acc, 4),
+            rec = {"phase": 2 if args.init_from else 1, "step": step, "loss": round(loss.item(), 4), "loss_ema": round(ema, 4), "masked_acc": round(acc, 4),
                    "lr": round(lr, 6), "tokens": tokens_seen, "elapsed_s": round(time.time() - t0, 1)}
             log_f.write(json.dumps(rec) + "\n")
             log_f.flush()
             print(json.dumps(rec), flush=True)
-        if step % args.save_every == 0 or step == args.steps:
-            save(model, args.out, {"seed": args.seed, "steps": step, "target_steps": args.steps, "batch": args.batch,
+        if step % args.save_every == 0 or step == args.steps or step == args.stop_after:
+            save(model, args.out, {"init_from": str(args.init_from) if args.init_from else None, "seed": args.seed, "steps": step, "target_steps": args.steps, "batch": args.batch,
                                    "lr": args.lr, "params": n_params, "elapsed_s": round(time.time() - t0, 1),
-                                   "mix": MIX, "threads": args.threads, "torch": torch.__version__})
+                                   "mix": MIX, "threads": args.threads, "torch": torch.__version__,
+                                   "suffix_share": SUFFIX_SHARE, "previous_phase": previous})
+        if step == args.stop_after:
+            break
     log_f.close()
 
 

@@ -97,6 +97,11 @@ class OrtBackend:
         cache.length = end
         return top_i, top_p.astype(np.float32, copy=False)
 
+    def logits(self, cache, ids, pos, mask) -> np.ndarray:
+        """Full logits (B,T,V) from the prefill graph (for likelihood scoring); cache unchanged."""
+        out = self.sessions["prefill"].run(["logits"], self._feeds(cache, ids, pos, mask))[0]
+        return out.astype(np.float32, copy=False)
+
     def verify(self, cache, ids, pos, mask):
         top_i, top_p = self.sessions["verify"].run(None, self._feeds(cache, ids, pos, mask))
         return top_i, top_p.astype(np.float32, copy=False)

@@ -60,6 +60,14 @@ class TorchBackend:
         cache.past = [(k[:, :, :end], v[:, :, :end]) for k, v in present]
         return top_i, top_p
 
+    def logits(self, cache, ids, pos, mask) -> np.ndarray:
+        """Full logits (B,T,V) as float32 (for likelihood scoring; not used by the decode loop)."""
+        t = self.torch
+        with t.inference_mode():
+            out, _ = self.model(t.as_tensor(ids, device=self.device), t.as_tensor(pos, device=self.device),
+                                t.as_tensor(mask, device=self.device), cache.past)
+        return out.float().cpu().numpy()
+
     def verify(self, cache, ids, pos, mask):
         top_i, top_p, _ = self._run(cache, ids, pos, mask)
         return top_i, top_p

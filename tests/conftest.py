@@ -1,0 +1,92 @@
+"""Shared fixtures: tiny random checkpoints in each supported layout, the bundled tiny model."""
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+LAYOUT_CONFIGS = {
+    "llada": {"model_type": "llada", "d_model": 64, "n_heads": 4, "n_kv_heads": 4, "n_layers": 2,
+              "mlp_hidden_size": 96, "vocab_size": 300, "embedding_size": 300, "mask_token_id": 299,
+              "eos_token_id": 298, "rope_theta": 500000.0, "max_sequence_length": 256, "weight_tying": False},
+    "dream": {"model_type": "Dream", "hidden_size": 64, "num_attention_heads": 4, "num_key_value_heads": 2,
+              "num_hidden_layers": 2, "intermediate_size": 96, "vocab_size": 300, "mask_token_id": 299,
+              "eos_token_id": 298, "pad_token_id": 297, "max_position_embeddings": 256, "tie_word_embeddings": False},
+    "block_causal": {"model_type": "sdar", "hidden_size": 64, "num_attention_heads": 4, "num_key_value_heads": 2,
+                     "num_hidden_layers": 2, "intermediate_size": 96, "vocab_size": 300, "mask_token_id": 299,
+                     "eos_token_id": 298, "block_size": 8, "max_position_embeddings": 256, "head_dim": 16},
+}
+
+# ours -> LLaDA's names (the inverse of the loader's map)
+_TO_LLADA = [
+    (r"model\.embed_tokens\.weight", "model.transformer.wte.weight"),
+    (r"model\.norm\.weight", "model.transformer.ln_f.weight"),
+    (r"lm_head\.weight", "model.transformer.ff_out.weight"),
+    (r"model\.layers\.(\d+)\.input_layernorm\.weight", r"model.transformer.blocks.\1.attn_norm.weight"),
+    (r"model\.layers\.(\d+)\.post_attention_layernorm\.weight", r"model.transformer.blocks.\1.ff_norm.weight"),
+    (r"model\.layers\.(\d+)\.self_attn\.(q|k|v)_proj\.weight", r"model.transformer.blocks.\1.\2_proj.weight"),
+    (r"model\.layers\.(\d+)\.self_attn\.o_proj\.weight", r"model.transformer.blocks.\1.attn_out.weight"),
+    (r"model\.layers\.(\d+)\.mlp\.gate_proj\.weight", r"model.transformer.blocks.\1.ff_proj.weight"),
+    (r"model\.layers\.(\d+)\.mlp\.up_proj\.weight", r"model.transformer.blocks.\1.up_proj.weight"),
+    (r"model\.layers\.(\d+)\.mlp\.down_proj\.weight", r"model.transformer.blocks.\1.ff_out.weight"),
+]
+
+
+def write_checkpoint(folder: Path, layout: str, sharded: bool = False, seed: int = 0) -> Path:
+    """A tiny random checkpoint in the layout's own tensor names and config keys."""
+    import torch
+    from safetensors.torch import save_file
+
+    from dllm_deploy.models.config import DLLMConfig
+    from dllm_deploy.models.transformer import DLLM
+
+    folder.mkdir(parents=True, exist_ok=True)
+    raw = LAYOUT_CONFIGS[layout]
+    (folder / "config.json").write_text(json.dumps(raw))
+    cfg = DLLMConfig.from_hf(raw)
+    torch.manual_seed(seed)
+    model = DLLM(cfg)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.normal_(0, 0.2)
+    tensors = {}
+    for name, t in model.state_dict().items():
+        if layout == "llada":
+            for pat, rep in _TO_LLADA:
+                if re.fullmatch(pat, name):
+                    name = re.sub(pat, rep, name)
+                    break
+        tensors[name] = t.contiguous().clone()
+    if sharded:
+        names = sorted(tensors)
+        half = len(names) // 2
+        shards = {"model-00001-of-00002.safetensors": names[:half], "model-00002-of-00002.safetensors": names[half:]}
+        weight_map = {}
+        for fname, keys in shards.items():
+            save_file({k: tensors[k] for k in keys}, str(folder / fname))
+            weight_map.update({k: fname for k in keys})
+        (folder / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
+    else:
+        save_file(tensors, str(folder / "model.safetensors"))
+    return folder
+
+
+@pytest.fixture(params=["llada", "dream", "block_causal"])
+def layout_checkpoint(request, tmp_path):
+    return request.param, write_checkpoint(tmp_path / request.param, request.param)
+
+
+@pytest.fixture(scope="session")
+def tiny_runtime():
+    from dllm_deploy import Runtime
+    return Runtime.load(model="tiny")
+
+
+@pytest.fixture(scope="session")
+def tiny_artifact(tmp_path_factory):
+    from dllm_deploy.export.exporter import export
+    out = tmp_path_factory.mktemp("artifact") / "tiny"
+    report = export("tiny", out, precisions=["fp32", "int8"], max_beam_width=8, log=lambda m: None)
+    return out, report

@@ -1,0 +1,69 @@
+import numpy as np
+import pytest
+
+from dllm_deploy.runtime.rules import Threshold, ThresholdSchedule, Vanilla
+from dllm_deploy.runtime.tree import CHAIN, CONSERVATIVE, RUNNER_UP, Drafter, make_tree, node_depths, tree_buffers
+
+M = 99  # mask id
+
+
+def test_vanilla_commits_most_confident_and_breaks_ties_low():
+    s = np.array([M, M, 7, M])
+    ids = np.array([1, 2, 3, 4])
+    p = np.array([0.5, 0.9, 1.0, 0.9])
+    assert Vanilla(1)(s, ids, p, 0, M).tolist() == [M, 2, 7, M]
+    assert Vanilla(2)(s, ids, p, 0, M).tolist() == [M, 2, 7, 4]
+
+
+def test_vanilla_llada_step_schedule():
+    v = Vanilla(steps=3)
+    assert [v.count(8, i) for i in range(3)] == [3, 3, 2]     # 8 tokens over 3 steps
+
+
+def test_threshold_commits_all_above_tau_or_the_best_one():
+    s = np.array([M, M, M, M])
+    ids = np.array([1, 2, 3, 4])
+    assert Threshold(0.8)(s, ids, np.array([0.9, 0.2, 0.85, 0.1]), 0, M).tolist() == [1, M, 3, M]
+    assert Threshold(0.95)(s, ids, np.array([0.9, 0.2, 0.85, 0.1]), 0, M).tolist() == [1, M, M, M]
+
+
+def test_threshold_schedule_decays_to_floor_and_rises_at_the_end():
+    sch = ThresholdSchedule(init=0.95, decay=0.9, floor=0.85, end_tokens=2)
+    assert sch.tau(0, 10) == pytest.approx(0.95)
+    assert sch.tau(1, 10) == pytest.approx(0.855)
+    assert sch.tau(5, 10) == pytest.approx(0.85)
+    assert sch.tau(5, 2) == pytest.approx(0.95)
+
+
+def test_tree_presets_hand_drawn():
+    t = make_tree("chain", 4)
+    assert t.parents == (-1, 0, 1, 2) and t.kinds == (CHAIN,) * 4
+    b = make_tree("binary", 5)
+    assert b.parents == (-1, 0, 0, 1, 1)
+    assert b.kinds == (CHAIN, CHAIN, RUNNER_UP, CHAIN, RUNNER_UP)
+    w = make_tree("wide", 6)
+    assert w.parents == (-1, 0, 0, 0, 1, 4)
+    assert w.kinds == (CHAIN, CHAIN, RUNNER_UP, CONSERVATIVE, CHAIN, CHAIN)
+    assert node_depths(w) == [0, 1, 1, 1, 2, 3]
+    assert make_tree("chain", 1).parents == (-1,)
+    with pytest.raises(ValueError):
+        make_tree("bushy", 3)
+
+
+def test_tree_buffers_hand_drawn():
+    mask, pos, branch = tree_buffers(make_tree("chain", 2), p=1, block_len=2)
+    T, F = True, False
+    assert mask.tolist() == [[T, T, T, F, F], [T, T, T, F, F], [T, F, F, T, T], [T, F, F, T, T]]
+    assert pos.tolist() == [1, 2, 1, 2]
+    assert branch.tolist() == [0, 0, 1, 1]
+
+
+def test_drafter_chain_and_runner_up():
+    spec = make_tree("binary", 3)          # node0, chain child, runner-up child
+    s = np.array([M, M, M])
+    top_ids = np.array([[1, 11], [2, 12], [3, 13]])
+    top_p = np.array([[0.3, 0.2], [0.9, 0.05], [0.6, 0.3]])
+    nodes = Drafter(Vanilla(1), M).draft(spec, s, top_ids, top_p, 0)
+    assert nodes[0].tolist() == [M, 2, M]        # base rule: most confident position
+    assert nodes[1].tolist() == [M, 2, 3]        # chain: next most confident on stale f
+    assert nodes[2].tolist() == [M, 2, 13]       # runner-up token at the chain's position

@@ -1,0 +1,66 @@
+"""The CLI as a user runs it: JSON keys, exit codes, one-line errors."""
+import json
+import subprocess
+import sys
+
+import pytest
+
+from dllm_deploy.cli import main
+
+
+def run(args, capsys):
+    rc = main(args)
+    out = capsys.readouterr()
+    return rc, out.out, out.err
+
+
+def test_generate_json_keys(capsys):
+    rc, out, _ = run(["generate", "--model", "tiny", "--prompt", "upper: hello world\n", "--strategy", "spd",
+                      "--beam-width", "4", "--json"], capsys)
+    assert rc == 0
+    d = json.loads(out)
+    for k in ("text", "token_ids", "forwards", "tokens", "tpf", "tokens_per_s", "wall_s", "beam_width_used", "accepted_hist"):
+        assert k in d, k
+    assert d["beam_width_used"] == 4
+
+
+def test_generate_batch_json(capsys):
+    rc, out, _ = run(["generate", "--prompt", "upper: ab cd\n", "--prompt", "count: from 100 by 5, 9 terms\n", "--json"], capsys)
+    assert rc == 0
+    assert len(json.loads(out)["results"]) == 2
+
+
+def test_eval_json_keys(capsys):
+    rc, out, _ = run(["eval", "--model", "tiny", "--strategy", "threshold", "--tasks", "upper,count", "--n", "2", "--json"], capsys)
+    assert rc == 0
+    d = json.loads(out)
+    assert d["strategy"] == "threshold" and d["backend"] == "torch"
+    assert set(d["tasks"]) == {"upper", "count"}
+    for s in [d["overall"], *d["tasks"].values()]:
+        for k in ("accuracy", "n", "tpf", "forwards", "tokens", "tokens_per_s"):
+            assert k in s
+        assert 0.0 <= s["accuracy"] <= 1.0
+    assert d["overall"]["n"] == 4
+
+
+@pytest.mark.parametrize("args, msg", [
+    (["generate", "--model", "/no/such/dir", "--prompt", "x"], "no such model folder"),
+    (["generate", "--prompt", "x", "--strategy", "greedy"], "unknown strategy 'greedy'"),
+    (["generate", "--prompt", "x", "--threshold", "1.5"], "threshold must be in (0, 1]"),
+    (["generate", "--prompt", "x" * 600], "exceeds the model's max_seq 512"),
+    (["generate", "--prompt", "x", "--cache", "dual"], "cache mode 'dual' is not implemented"),
+    (["generate", "--artifact", "/no/such/artifact", "--prompt", "x"], "no such artifact folder"),
+    (["eval", "--tasks", "poetry"], "unknown task 'poetry'"),
+])
+def test_user_errors_exit_2_with_one_line(args, msg, capsys):
+    rc, _, err = run(args, capsys)
+    assert rc == 2
+    assert msg in err
+    assert err.count("\n") == 1 and "Traceback" not in err
+
+
+def test_console_script_error_has_no_traceback():
+    p = subprocess.run([sys.executable, "-m", "dllm_deploy.cli", "generate", "--model", "/nope", "--prompt", "x"],
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == 2
+    assert "Traceback" not in p.stderr and "no such model folder" in p.stderr
