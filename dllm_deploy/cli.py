@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from pathlib import Path
 
 from .errors import UserError
 
@@ -32,7 +33,8 @@ def _add_decode_flags(p: argparse.ArgumentParser) -> None:
     src = p.add_mutually_exclusive_group()
     src.add_argument("--model", default=None, help="'tiny' (bundled) or a Hugging Face folder; runs on torch")
     src.add_argument("--artifact", default=None, help="an exported artifact folder; runs on ONNX Runtime")
-    p.add_argument("--precision", default="fp32", help="artifact precision variant (fp32, fp16, int8)")
+    p.add_argument("--precision", default=None, help="artifact precision variant (fp32, fp16, int8; default fp32)")
+    p.add_argument("--profile", default="auto", help="device profile name, or 'auto' (detect)")
     p.add_argument("--strategy", default="vanilla", help="vanilla | threshold | spd")
     p.add_argument("--gen-length", type=int, default=None, help="token budget per prompt (default 256)")
     p.add_argument("--block-length", type=int, default=None, help="block length L (default 32)")
@@ -56,7 +58,7 @@ def _decode_kwargs(a) -> dict:
 def _runtime(a):
     from .runtime.api import Runtime
     if a.artifact:
-        return Runtime.load(artifact=a.artifact, precision=a.precision)
+        return Runtime.load(artifact=a.artifact, precision=a.precision, profile=a.profile)
     return Runtime.load(model=a.model or "tiny")
 
 
@@ -127,6 +129,71 @@ def cmd_export(a) -> int:
     return 0
 
 
+def _csv(text: str, cast=str) -> list:
+    try:
+        return [cast(x.strip()) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise UserError(f"bad list {text!r}") from None
+
+
+def cmd_bench(a) -> int:
+    from .bench import configurations, run_bench
+    if a.quick:
+        a.n, a.repeats, a.beam_widths = 1, 2, "4"
+    backends, strategies = _csv(a.backends), _csv(a.strategies)
+    widths, taus = _csv(a.beam_widths, int), _csv(a.thresholds, float)
+    families = _csv(a.tasks) if a.tasks else None
+    total = len(configurations(backends, strategies, widths, taus)) * a.repeats
+    bar = _progress(total, "bench", sys.stderr.isatty())
+    res = run_bench(a.artifact, backends, strategies, widths, taus, families, n=a.n, repeats=a.repeats,
+                    gen_length=a.gen_length, progress=bar)
+    if a.json:
+        Path(a.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(a.json).write_text(json.dumps(res, indent=1) + "\n")
+    print(f"{'configuration':<44}{'acc':>6}{'TPF':>7}{'tok/s':>9}{'ms/fwd':>8}{'overhead':>9}")
+    for r in res["runs"]:
+        print(f"{r['label']:<44}{r['accuracy']:>6.2f}{r['tpf']:>7.2f}{r['tokens_per_s']:>9.1f}"
+              f"{r['time_per_forward_ms']:>8.1f}{r['loop_overhead']:>9.1%}")
+    for k, v in res["ratios"].items():
+        print(f"ratio {k}: {v:.2f}x")
+    return 0
+
+
+def cmd_profiles(a) -> int:
+    import dataclasses
+
+    from .profiles import detect, get_profile, load_profiles
+    profiles = load_profiles()
+    if a.action == "list":
+        rows = [{"name": p.name, "description": p.description} for p in profiles.values()]
+        print(json.dumps(rows) if a.json else "\n".join(f"{r['name']:<14} {r['description']}" for r in rows))
+        return 0
+    if not a.name:
+        raise UserError(f"profiles {a.action} needs a profile name (or 'auto')")
+    prof, reasons, facts = get_profile(a.name, profiles)
+    if a.action == "show":
+        d = dataclasses.asdict(prof)
+        print(json.dumps(d) if a.json else yaml_dump(d))
+        return 0
+    facts = facts or detect()
+    out = {"profile": prof.name, "source": prof.source, "facts": facts, "reasons": reasons,
+           "backends": prof.backends, "precision": prof.precision, "decode": prof.decode}
+    if a.json:
+        print(json.dumps(out))
+    else:
+        print(f"profile {prof.name} ({prof.source})")
+        print("device: " + ", ".join(f"{k}={v:.1f}" if isinstance(v, float) else f"{k}={v}" for k, v in facts.items()))
+        for r in reasons:
+            print(f"  matched: {r}")
+        print(f"backends: {' > '.join(prof.backends)}; precision {prof.precision}; decode {prof.decode}")
+    return 0
+
+
+def yaml_dump(d: dict) -> str:
+    import yaml
+    return yaml.safe_dump(d, sort_keys=False).rstrip()
+
+
 def cmd_demo(a) -> int:
     from .demo import run_demo
     return run_demo(json_out=a.json, out_dir=a.out)
@@ -161,6 +228,26 @@ def build_parser() -> argparse.ArgumentParser:
     x.add_argument("--json", action="store_true")
     x.set_defaults(func=cmd_export)
 
+    b = sub.add_parser("bench", help="measure strategies x widths x thresholds x backends in one interleaved run")
+    b.add_argument("--artifact", required=True)
+    b.add_argument("--backends", default="torch,ort")
+    b.add_argument("--strategies", default="vanilla,threshold,spd")
+    b.add_argument("--beam-widths", default="1,2,4,8")
+    b.add_argument("--thresholds", default="0.9")
+    b.add_argument("--tasks", default=None, help="comma-separated families (default: all six)")
+    b.add_argument("--n", type=int, default=5, help="prompts per family")
+    b.add_argument("--repeats", type=int, default=3, help="interleaved repeats (medians reported)")
+    b.add_argument("--gen-length", type=int, default=256, help="token budget per prompt")
+    b.add_argument("--quick", action="store_true", help="n=1, 2 repeats, W=4: a smoke run")
+    b.add_argument("--json", default=None, metavar="OUT", help="write the results JSON here")
+    b.set_defaults(func=cmd_bench)
+
+    pr = sub.add_parser("profiles", help="list, show or explain device profiles")
+    pr.add_argument("action", choices=["list", "show", "explain"])
+    pr.add_argument("name", nargs="?", default=None, help="profile name or 'auto'")
+    pr.add_argument("--json", action="store_true")
+    pr.set_defaults(func=cmd_profiles)
+
     d = sub.add_parser("demo", help="the main job on the bundled tiny model, printing the figures")
     d.add_argument("--out", default="build/demo", help="where the demo writes its artifact")
     d.add_argument("--json", action="store_true")
@@ -169,6 +256,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv=None) -> int:
+    import warnings
+    warnings.showwarning = lambda msg, *a, **k: print(f"dllm-deploy: warning: {msg}", file=sys.stderr)
     ap = build_parser()
     a = ap.parse_args(argv)
     try:
@@ -176,6 +265,10 @@ def main(argv=None) -> int:
     except UserError as e:
         print(f"dllm-deploy: error: {e}", file=sys.stderr)
         return 2
+    except BrokenPipeError:  # `dllm-deploy ... | head`
+        import os
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
     except KeyboardInterrupt:
         print("dllm-deploy: interrupted", file=sys.stderr)
         return 130

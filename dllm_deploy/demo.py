@@ -29,9 +29,10 @@ def run_demo(json_out: bool = False, out_dir: str = "build/demo", n_per_family: 
     say(f"[1/3] export the bundled tiny dLLM -> {art}")
     rep = export("tiny", art, precisions=["fp32", "int8"], force=True, log=lambda m: say("      " + m))
     say(f"      parity fp32: max |logits diff| {rep['parity']['fp32']['max_abs_diff']['prefill_logits']:.2e}")
-    say("[2/3] load the artifact with ONNX Runtime (CPU profile)")
-    rt = Runtime.load(artifact=str(art))
-    say(f"      providers: {', '.join(rt.backend.providers)}")
+    say("[2/3] pick the device profile and load the artifact with ONNX Runtime")
+    rt = Runtime.load(artifact=str(art), profile="auto")
+    say(f"      profile {rt.profile.name}: {'; '.join(rt.profile_reasons)}")
+    say(f"      providers: {', '.join(rt.backend.providers)}; beam width cap {rt.decoder.max_beam_width}")
     say(f"[3/3] decode {n_per_family} held-out prompts per family with each strategy")
     rows = []
     for label, kw in STRATEGIES:
@@ -40,7 +41,7 @@ def run_demo(json_out: bool = False, out_dir: str = "build/demo", n_per_family: 
         rows.append({"strategy": label, **{k: o[k] for k in ("accuracy", "tpf", "forwards", "tokens", "tokens_per_s")}})
         say(f"      {label:<22} acc {o['accuracy']:.3f}  TPF {o['tpf']:5.2f}  forwards {o['forwards']:5d}  {o['tokens_per_s']:7.1f} tok/s")
     sample = rt.generate("upper: diffusion models fill many tokens per forward\n", strategy="spd", beam_width=4)[0]
-    result = {"artifact": str(art), "sizes_bytes": rep["sizes_bytes"], "parity": rep["parity"], "runs": rows,
+    result = {"artifact": str(art), "profile": rt.profile.name, "profile_reasons": rt.profile_reasons, "sizes_bytes": rep["sizes_bytes"], "parity": rep["parity"], "runs": rows,
               "sample": {"text": sample.text, "tpf": sample.tpf}}
     if json_out:
         print(json.dumps(result))

@@ -40,13 +40,24 @@ class Runtime:
     def __init__(self, backend, tokenizer, config, max_beam_width: int | None = None):
         self.backend, self.tokenizer, self.config = backend, tokenizer, config
         self.decoder = Decoder(backend, tokenizer, config, max_beam_width=max_beam_width)
+        self.profile, self.profile_reasons = None, []
 
     @classmethod
     def load(cls, model: str | None = "tiny", artifact: str | None = None, backend: str | None = None,
-             device: str | None = None, precision: str = "fp32", threads: int | None = None) -> "Runtime":
+             device: str | None = None, precision: str | None = None, threads: int | None = None,
+             profile: str = "auto") -> "Runtime":
+        """``artifact``: ONNX Runtime with the profile's providers, threads, precision and W cap
+        (``precision`` overrides the profile's when given). ``model``: the torch reference backend."""
         if artifact is not None:
+            from ..profiles import get_profile
             from .backends.ort_backend import load_artifact_runtime
-            return load_artifact_runtime(cls, artifact, precision=precision, threads=threads)
+            prof, reasons, _ = get_profile(profile)
+            rt = load_artifact_runtime(cls, artifact, precision=precision or "fp32", threads=threads,
+                                       providers=prof.backends, provider_options=prof.ort.get("provider_options"),
+                                       threads_default=prof.ort.get("intra_op_threads") or None,
+                                       max_beam_width=prof.decode.get("max_beam_width"))
+            rt.profile, rt.profile_reasons = prof, reasons
+            return rt
         if backend not in (None, "torch"):
             raise UserError(f"backend {backend!r} needs an exported artifact (--artifact DIR)")
         from ..models.loading import resolve_model_dir

@@ -16,6 +16,7 @@ Dimension legend: B rows, L block length, W beam width, P cached positions, K to
 from __future__ import annotations
 
 import time
+import warnings
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -38,6 +39,7 @@ class RowResult:
     beam_width_used: int = 1
     accepted_hist: dict = field(default_factory=dict)
     finished: bool = False          # True: stopped at EOS; False: the token budget ran out
+    beam_width_requested: int = 1   # the W asked for; beam_width_used is lower when a cap applied
 
     def to_dict(self) -> dict:
         d = dict(self.__dict__)
@@ -169,9 +171,10 @@ class Decoder:
         L = dcfg.block_length
         if L < 1 or dcfg.gen_length < 1:
             raise UserError("block length and gen length must be >= 1")
-        width = dcfg.beam_width if dcfg.strategy == "spd" else 1
+        requested = width = dcfg.beam_width if dcfg.strategy == "spd" else 1
         if self.max_beam_width is not None and width > self.max_beam_width:
             width = self.max_beam_width
+            warnings.warn(f"beam width {requested} lowered to {width} (the artifact's max_beam_width)", stacklevel=2)
         dcfg = DecodeConfig(**{**dcfg.__dict__, "beam_width": width})
         policy = Policy(dcfg, c.mask_token_id)
         mode = resolve_cache(dcfg.cache, c.attention, policy.width)
@@ -192,6 +195,7 @@ class Decoder:
             r.wall_s = wall
             r.tokens_per_s = r.tokens / wall if wall > 0 else 0.0
             r.beam_width_used = policy.width
+            r.beam_width_requested = requested
             out.append(r)
         return out
 

@@ -135,5 +135,6 @@ def test_spd_threshold_mode_runs_and_is_reported(tiny_runtime):
 def test_beam_width_cap_is_reported(tiny_runtime):
     from dllm_deploy.runtime.loop import Decoder
     capped = Decoder(tiny_runtime.backend, tiny_runtime.tokenizer, tiny_runtime.config, max_beam_width=2)
-    r = capped.generate([_prompts(1)[0]], decode_config(strategy="spd", beam_width=8))[0]
-    assert r.beam_width_used == 2
+    with pytest.warns(UserWarning, match="beam width 8 lowered to 2"):
+        r = capped.generate([_prompts(1)[0]], decode_config(strategy="spd", beam_width=8))[0]
+    assert r.beam_width_used == 2 and r.beam_width_requested == 8

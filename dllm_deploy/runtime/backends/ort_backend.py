@@ -108,10 +108,12 @@ class OrtBackend:
 
 
 def load_artifact_runtime(runtime_cls, folder, precision: str = "fp32", threads: int | None = None,
-                          providers=None, provider_options=None):
+                          providers=None, provider_options=None, threads_default: int | None = None,
+                          max_beam_width: int | None = None):
     from ...models.tokenizer import ByteTokenizer, HFTokenizer
     m = read_manifest(folder, verify=True, precision=precision)
-    be = OrtBackend(folder, m, precision=precision, providers=providers, provider_options=provider_options, threads=threads)
+    be = OrtBackend(folder, m, precision=precision, providers=providers, provider_options=provider_options,
+                    threads=threads or threads_default)
     tok_kind = m["tokenizer"].get("kind")
     if tok_kind == "byte":
         tok = ByteTokenizer()
@@ -119,4 +121,7 @@ def load_artifact_runtime(runtime_cls, folder, precision: str = "fp32", threads:
         tok = HFTokenizer(Path(folder) / m["tokenizer"]["file"], be.config.eos_token_id)
     else:
         raise UserError(f"{folder}: unknown tokenizer kind {tok_kind!r} in the manifest")
-    return runtime_cls(be, tok, be.config, max_beam_width=int(m.get("max_beam_width", 8)))
+    cap = int(m.get("max_beam_width", 8))
+    if max_beam_width is not None:
+        cap = min(cap, int(max_beam_width))
+    return runtime_cls(be, tok, be.config, max_beam_width=cap)
