@@ -194,6 +194,40 @@ def yaml_dump(d: dict) -> str:
     return yaml.safe_dump(d, sort_keys=False).rstrip()
 
 
+def cmd_build_engines(a) -> int:
+    from .artifact import read_manifest
+    from .export.engines import build_engine, engine_shapes, trtexec_command
+    from .profiles import get_profile
+    m = read_manifest(a.artifact, verify=not a.dry_run)
+    prof, reasons, _ = get_profile(a.profile)
+    files = m["precisions"].get(prof.precision) or m["precisions"]["fp32"]
+    shapes = engine_shapes(m, prof.decode)
+    out_dir = Path(a.artifact) / "engines" / prof.name
+    plan = []
+    for graph in ("prefill", "verify"):
+        cmd = trtexec_command(str(Path(a.artifact) / files[graph]), str(out_dir / f"{graph}.plan"), shapes[graph],
+                              workspace_mb=a.workspace_mb, opt_level=a.opt_level, timing_cache=str(out_dir / "timing.cache"))
+        plan.append({"graph": graph, "shapes": {k: {"min": v.min, "opt": v.opt, "max": v.max} for k, v in shapes[graph].items()},
+                     "trtexec": cmd})
+    if a.dry_run:
+        if a.json:
+            print(json.dumps({"profile": prof.name, "reasons": reasons, "engines": plan}))
+        else:
+            print(f"profile {prof.name}: {'; '.join(reasons)}")
+            for p in plan:
+                print(f"[{p['graph']}]")
+                for name in ("input_ids", "attention_mask", "past_key_values.0.key"):
+                    s_ = p["shapes"][name]
+                    print(f"  {name:<24} min {s_['min']}  opt {s_['opt']}  max {s_['max']}")
+                print("  " + " ".join(p["trtexec"]))
+        return 0
+    for graph in ("prefill", "verify"):
+        build_engine(Path(a.artifact) / files[graph], out_dir / f"{graph}.plan", shapes[graph], a.workspace_mb,
+                     a.opt_level, out_dir / "timing.cache")
+    print(json.dumps({"profile": prof.name, "engines": str(out_dir)}) if a.json else f"engines written to {out_dir}")
+    return 0
+
+
 def cmd_demo(a) -> int:
     from .demo import run_demo
     return run_demo(json_out=a.json, out_dir=a.out)
@@ -247,6 +281,15 @@ def build_parser() -> argparse.ArgumentParser:
     pr.add_argument("name", nargs="?", default=None, help="profile name or 'auto'")
     pr.add_argument("--json", action="store_true")
     pr.set_defaults(func=cmd_profiles)
+
+    be = sub.add_parser("build-engines", help="build TensorRT engines for a profile (needs TensorRT + a GPU)")
+    be.add_argument("--artifact", required=True)
+    be.add_argument("--profile", default="auto")
+    be.add_argument("--workspace-mb", type=int, default=4096)
+    be.add_argument("--opt-level", type=int, default=3, help="TensorRT builder optimization level (0-5)")
+    be.add_argument("--dry-run", action="store_true", help="print the shapes and the trtexec command; build nothing")
+    be.add_argument("--json", action="store_true")
+    be.set_defaults(func=cmd_build_engines)
 
     d = sub.add_parser("demo", help="the main job on the bundled tiny model, printing the figures")
     d.add_argument("--out", default="build/demo", help="where the demo writes its artifact")
