@@ -2,8 +2,8 @@
 
 Sessions per graph; execution providers and threads come from the profile (CPU here, with
 CUDA / TensorRT / OpenVINO options built from the same profile where those providers exist).
-The KV cache is a preallocated buffer per layer, (B, Hkv, capacity, D), sized once for the
-prompt + budget: a verify step allocates nothing for KV, and a commit copies one block in.
+The KV cache is one contiguous (B, Hkv, P, D) array per layer that ONNX Runtime reads in
+place: a verification step copies no KV; a commit replaces the arrays once per block.
 """
 from __future__ import annotations
 
@@ -29,19 +29,22 @@ def provider_list(providers: list[str], options: dict | None = None) -> list:
 
 
 class OrtCache:
-    def __init__(self, layers: int, batch: int, hkv: int, capacity: int, d: int, dtype):
-        self.k = [np.zeros((batch, hkv, capacity, d), dtype=dtype) for _ in range(layers)]
-        self.v = [np.zeros((batch, hkv, capacity, d), dtype=dtype) for _ in range(layers)]
+    """Per-layer KV as contiguous (B, Hkv, P, D) arrays: ONNX Runtime reads them in place (no copy
+    per verification step); a commit replaces them once per block with the graph's present."""
+
+    def __init__(self, layers: int, batch: int, hkv: int, d: int, dtype):
+        empty = np.zeros((batch, hkv, 0, d), dtype=dtype)
+        self.k = [empty] * layers
+        self.v = [empty] * layers
         self.length = 0
 
     def past(self):
-        p = self.length
-        return [(k[:, :, :p], v[:, :, :p]) for k, v in zip(self.k, self.v)]
+        return list(zip(self.k, self.v))
 
     def keep_rows(self, rows: np.ndarray) -> None:
         rows = np.asarray(rows)
-        self.k = [k[rows] for k in self.k]
-        self.v = [v[rows] for v in self.v]
+        self.k = [np.ascontiguousarray(k[rows]) for k in self.k]
+        self.v = [np.ascontiguousarray(v[rows]) for v in self.v]
 
 
 class OrtBackend:
@@ -74,7 +77,7 @@ class OrtBackend:
 
     def new_cache(self, batch: int, capacity: int) -> OrtCache:
         c = self.config
-        return OrtCache(c.num_layers, batch, c.num_kv_heads, max(capacity, 1), c.head_dim, self.kv_dtype)
+        return OrtCache(c.num_layers, batch, c.num_kv_heads, c.head_dim, self.kv_dtype)
 
     def _feeds(self, cache, ids, pos, mask):
         feeds = {"input_ids": np.ascontiguousarray(ids, dtype=np.int64),
@@ -88,12 +91,12 @@ class OrtBackend:
     def prefill(self, cache, ids, pos, mask, keep: int):
         outs = self.sessions["prefill"].run(None, self._feeds(cache, ids, pos, mask))
         top_i, top_p = outs[1], outs[2]
-        p, end = cache.length, cache.length + keep
-        if end > cache.k[0].shape[2]:
-            raise UserError(f"KV cache capacity {cache.k[0].shape[2]} exceeded")
+        end = cache.length + keep
+        full = outs[3].shape[2] == end
         for i in range(self.config.num_layers):
-            cache.k[i][:, :, p:end] = outs[3 + 2 * i][:, :, p:end]
-            cache.v[i][:, :, p:end] = outs[4 + 2 * i][:, :, p:end]
+            k, v = outs[3 + 2 * i], outs[4 + 2 * i]
+            cache.k[i] = k if full else np.ascontiguousarray(k[:, :, :end])
+            cache.v[i] = v if full else np.ascontiguousarray(v[:, :, :end])
         cache.length = end
         return top_i, top_p.astype(np.float32, copy=False)
 
