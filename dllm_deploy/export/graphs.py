@@ -26,14 +26,18 @@ def _top(logits: torch.Tensor, k: int):
     return top_i, top_p
 
 
+def _pairs(past_flat) -> list:
+    """(k0, v0, k1, v1, ...) -> [(k0, v0), (k1, v1), ...]"""
+    return [(past_flat[2 * i], past_flat[2 * i + 1]) for i in range(len(past_flat) // 2)]
+
+
 class PrefillGraph(nn.Module):
     def __init__(self, model, topk: int):
         super().__init__()
         self.model, self.topk = model, topk
 
     def forward(self, input_ids, position_ids, attention_mask, *past_flat):
-        past = [(past_flat[2 * i], past_flat[2 * i + 1]) for i in range(len(past_flat) // 2)]
-        logits, present = self.model(input_ids, position_ids, attention_mask, past)
+        logits, present = self.model(input_ids, position_ids, attention_mask, _pairs(past_flat))
         top_i, top_p = _top(logits, self.topk)
         flat = [t for kv in present for t in kv]
         return (logits, top_i, top_p, *flat)
@@ -45,8 +49,7 @@ class VerifyGraph(nn.Module):
         self.model, self.topk = model, topk
 
     def forward(self, input_ids, position_ids, attention_mask, *past_flat):
-        past = [(past_flat[2 * i], past_flat[2 * i + 1]) for i in range(len(past_flat) // 2)]
-        logits, _ = self.model(input_ids, position_ids, attention_mask, past)
+        logits, _ = self.model(input_ids, position_ids, attention_mask, _pairs(past_flat))
         return _top(logits, self.topk)
 
 
