@@ -51,11 +51,18 @@ class Runtime:
         if artifact is not None:
             from ..profiles import get_profile
             from .backends.ort_backend import load_artifact_runtime
-            prof, reasons, _ = get_profile(profile)
+            from ..profiles.memory import beam_width_cap, free_memory_bytes
+            prof, reasons, facts = get_profile(profile)
             rt = load_artifact_runtime(cls, artifact, precision=precision or "fp32", threads=threads,
                                        providers=prof.backends, provider_options=prof.ort.get("provider_options"),
                                        threads_default=prof.ort.get("intra_op_threads") or None,
                                        max_beam_width=prof.decode.get("max_beam_width"))
+            free = int(facts.get("free_memory_gb", 0) * 2**30) or free_memory_bytes()
+            mem_cap = beam_width_cap(rt.config.to_dict(), free, fraction=prof.memory.get("fraction", 0.5),
+                                     reserve_mb=prof.memory.get("reserve_mb", 512), precision=precision or "fp32",
+                                     block_length=rt.config.block_size, max_seq=rt.config.max_seq,
+                                     limit=rt.decoder.max_beam_width)
+            rt.decoder.max_beam_width = min(rt.decoder.max_beam_width, mem_cap)
             rt.profile, rt.profile_reasons = prof, reasons
             return rt
         if backend not in (None, "torch"):
