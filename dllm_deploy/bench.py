@@ -117,7 +117,7 @@ def run_bench(artifact: str, backends=("torch", "ort"), strategies=("vanilla", "
             raise UserError(f"unknown backend {be!r} (expected torch or ort)")
     configs = configurations(backends, strategies, beam_widths, thresholds)
     samples: dict[Config, list[dict]] = {c: [] for c in configs}
-    for rep, c in itertools.product(range(repeats), configs):
+    for _, c in itertools.product(range(repeats), configs):
         rt = runtimes[c.backend]
         timed = TimedBackend(rt.backend)
         dec = Decoder(timed, rt.tokenizer, rt.config, max_beam_width=rt.decoder.max_beam_width)

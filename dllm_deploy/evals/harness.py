@@ -14,7 +14,7 @@ from . import tasks
 
 def run_eval(decoder, dcfg, families=tasks.FAMILIES, n: int = tasks.EVAL_PER_FAMILY, batch_size: int = 8,
              progress=None) -> dict:
-    examples = [e for e in tasks.eval_split(families=tuple(families), n=n)]
+    examples = tasks.eval_split(families=tuple(families), n=n)
     per: dict[str, dict] = {f: {"correct": 0, "n": 0, "forwards": 0, "tokens": 0, "wall_s": 0.0, "hist": {}}
                             for f in families}
     outputs = []

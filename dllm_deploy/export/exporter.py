@@ -166,7 +166,7 @@ def export(model: str = "tiny", out: str | Path = "artifact", precisions=("fp32"
                 parity_report[prec] = {"skipped": f"ONNX Runtime CPU could not run it here: {type(e).__name__}"}
             if prec == "fp16":
                 module = module.float()
-        if isinstance(tok, type(tok)) and tok.kind == "hf":
+        if tok.kind == "hf":
             shutil.copy(src / "tokenizer.json", tmp / "tokenizer.json")
         manifest = {
             "exporter_version": __version__, "torch_version": torch.__version__, "onnx_opset": opset,

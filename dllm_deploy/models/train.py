@@ -20,7 +20,6 @@ import random
 import time
 from pathlib import Path
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -187,6 +186,7 @@ def main(argv=None) -> None:
     t0 = time.time()
     ema = None
     pending: list = []
+    tokens_seen = 0
     print(f"params {n_params/1e6:.2f}M  steps {args.steps}  batch {args.batch}", flush=True)
     for step in range(1, args.steps + 1):
         lr = args.lr * min(1.0, step / args.warmup) * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, step / args.steps))))
@@ -210,7 +210,7 @@ def main(argv=None) -> None:
         if args.time_steps and step >= args.time_steps:
             print(f"{(time.time()-t0)/step:.2f}s/step  seq {ids.shape[1]}", flush=True)
             return
-        tokens_seen = (tokens_seen if step > 1 else 0) + int(ids.numel())
+        tokens_seen += int(ids.numel())
         if step % 25 == 0 or (step == 1 and not args.time_steps):
             rec = {"phase": 2 if args.init_from else 1, "step": step, "loss": round(loss.item(), 4), "loss_ema": round(ema, 4), "masked_acc": round(acc, 4),
                    "lr": round(lr, 6), "tokens": tokens_seen, "elapsed_s": round(time.time() - t0, 1)}

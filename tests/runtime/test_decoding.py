@@ -18,7 +18,7 @@ def reference_decode(runtime, prompt: str, rule: str, tau: float = 0.9, gen_leng
     model, cfg, tok = runtime.backend.model, runtime.config, runtime.tokenizer
     prompt_ids = tok.encode(prompt)
     out: list[int] = []
-    for b in range(gen_length // L):
+    for _ in range(gen_length // L):
         block = [cfg.mask_token_id] * L
         while cfg.mask_token_id in block:
             seq = prompt_ids + out + block
