@@ -4,7 +4,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test train clean
+.PHONY: demo test train clean cpp
 
 $(STAMP): pyproject.toml constraints-cpu.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -15,12 +15,21 @@ $(STAMP): pyproject.toml constraints-cpu.txt
 demo: $(STAMP)
 	$(VENV)/bin/dllm-deploy demo
 
-test: $(STAMP)
+test: $(STAMP) cpp
 	$(PY) -m pytest -q tests
 
-# Retrain the bundled tiny dLLM (about 55 minutes on 2 CPU cores; not part of CI).
+# The C/C++ embedding (docs/cpp.md): ONNX Runtime headers + library into build/onnxruntime,
+# then libdllm_deploy.so, dllm-generate and dllm-embed into build/cpp (the tests add an
+# AddressSanitizer build in build/cpp-asan with `cpp/scripts/build.sh asan`).
+cpp: $(STAMP)
+	PYTHON=$(abspath $(PY)) cpp/scripts/build.sh release
+
+# Retrain the bundled tiny dLLM as committed (two phases, about 83 minutes on 2 idle CPU cores;
+# not part of CI; docs/model_card.md). Add DEVICE=cuda to train on a GPU.
+DEVICE ?= cpu
 train: $(STAMP)
-	$(PY) -m dllm_deploy.models.train --out dllm_deploy/models/tiny --seed 0
+	$(PY) -m dllm_deploy.models.train --out dllm_deploy/models/tiny --seed 0 --steps 3600 --stop-after 1900 --suffix-share 0 --device $(DEVICE)
+	$(PY) -m dllm_deploy.models.train --out dllm_deploy/models/tiny --init-from dllm_deploy/models/tiny --seed 1 --steps 3800 --suffix-share 0.5 --device $(DEVICE)
 
 clean:
 	rm -rf build $(VENV)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -35,7 +36,7 @@ def _add_decode_flags(p: argparse.ArgumentParser) -> None:
     src.add_argument("--artifact", default=None, help="an exported artifact folder; runs on ONNX Runtime")
     p.add_argument("--precision", default=None, help="artifact precision variant (fp32, fp16, int8; default fp32)")
     p.add_argument("--profile", default="auto", help="device profile name, or 'auto' (detect)")
-    p.add_argument("--strategy", default="vanilla", help="vanilla | threshold | spd")
+    p.add_argument("--strategy", default=None, help="vanilla | threshold | spd (default: the profile's, else vanilla)")
     p.add_argument("--gen-length", type=int, default=None, help="token budget per prompt (default 256)")
     p.add_argument("--block-length", type=int, default=None, help="block length L (default 32)")
     p.add_argument("--tokens-per-step", type=int, default=None, help="vanilla: tokens committed per step (k)")
@@ -65,8 +66,9 @@ def _runtime(a):
 def cmd_generate(a) -> int:
     from .runtime.api import decode_config
     prompts = [p.encode().decode("unicode_escape") if a.escapes else p for p in a.prompt]
-    dcfg = decode_config(**_decode_kwargs(a))
+    decode_config(**_decode_kwargs(a))            # bad options fail before a model is loaded
     rt = _runtime(a)
+    dcfg = rt.decode_config(**_decode_kwargs(a))
     results = rt.decoder.generate(prompts, dcfg)
     if a.json:
         payload = results[0].to_dict() if len(results) == 1 else {"results": [r.to_dict() for r in results]}
@@ -92,6 +94,7 @@ def cmd_eval(a) -> int:
     if a.n < 1 or a.n > tasks.EVAL_PER_FAMILY:
         raise UserError(f"--n must be between 1 and {tasks.EVAL_PER_FAMILY}")
     rt = _runtime(a)
+    dcfg = rt.decode_config(**_decode_kwargs(a))
     bar = _progress(len(families) * a.n, f"eval {dcfg.strategy}", not a.json and sys.stderr.isatty())
     res = run_eval(rt.decoder, dcfg, families=families, n=a.n, batch_size=a.batch_size, progress=bar)
     if "text" in wanted:
@@ -137,36 +140,97 @@ def _csv(text: str, cast=str) -> list:
 
 
 def cmd_bench(a) -> int:
-    from .bench import configurations, run_bench
+    from . import report
+    from .bench import configurations, overlay_profile, run_bench, targets, tune
     if a.quick:
-        a.n, a.repeats, a.beam_widths = 1, 2, "4"
+        a.n, a.repeats, a.beam_widths, a.gen_length = 1, 2, "4", min(a.gen_length, 64)
+        a.tasks = a.tasks or "upper,count"
     backends, strategies = _csv(a.backends), _csv(a.strategies)
     widths, taus = _csv(a.beam_widths, int), _csv(a.thresholds, float)
     families = _csv(a.tasks) if a.tasks else None
-    total = len(configurations(backends, strategies, widths, taus)) * a.repeats
-    bar = _progress(total, "bench", sys.stderr.isatty())
+    if a.n < 1 or a.repeats < 1:
+        raise UserError("--n and --repeats must be >= 1")
+    total = len(configurations(backends, strategies, widths, taus, a.tree)) * a.repeats + len(backends)
+    bar = _progress(total, "bench", sys.stderr.isatty() and not a.quiet)
     res = run_bench(a.artifact, backends, strategies, widths, taus, families, n=a.n, repeats=a.repeats,
-                    gen_length=a.gen_length, progress=bar)
+                    gen_length=a.gen_length, tree=a.tree, batch_size=a.batch_size, memory=a.memory,
+                    cost_repeats=3 if a.quick else 5, progress=bar)
+    if a.tune:
+        from .profiles import get_profile
+        t = tune(res, backend="ort" if "ort" in backends else backends[0], quality_budget=a.quality_budget)
+        prof, _, _ = get_profile("auto")
+        overlay = overlay_profile(t, prof, a.json)
+        path = Path(a.tune_out) if a.tune_out else _user_profile_dir() / f"{overlay['name']}.yaml"
+        _write_yaml(path, overlay)
+        res["tune"] = {"pick": t["pick"]["label"], "baseline": t["baseline"]["label"],
+                       "speedup_vs_threshold": t["speedup_vs_threshold"], "quality_budget": a.quality_budget,
+                       "overlay": str(path)}
+        res["targets"] = targets(res, tuned=t["pick"])
     if a.json:
         Path(a.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(a.json).write_text(json.dumps(res, indent=1) + "\n")
-    print(f"{'configuration':<44}{'acc':>6}{'TPF':>7}{'tok/s':>9}{'ms/fwd':>8}{'overhead':>9}")
+        tmp = Path(a.json).with_suffix(".tmp")
+        tmp.write_text(json.dumps(res, indent=1) + "\n")
+        tmp.replace(a.json)
+    if a.plots:
+        for p in report.plots(res, a.plots):
+            print(f"plot {p}", file=sys.stderr)
+    if a.quiet:
+        return 0
+    print(f"{'configuration':<44}{'acc':>6}{'TPF':>7}{'tok/s':>9}{'ms/fwd':>8}{'overhead':>9}{'W':>3}{'est MB':>8}")
     for r in res["runs"]:
         print(f"{r['label']:<44}{r['accuracy']:>6.2f}{r['tpf']:>7.2f}{r['tokens_per_s']:>9.1f}"
-              f"{r['time_per_forward_ms']:>8.1f}{r['loop_overhead']:>9.1%}")
+              f"{r['time_per_forward_ms']:>8.1f}{r['loop_overhead']:>9.1%}{r['beam_width_used']:>3}{r['memory_estimate_mb']:>8.0f}")
+    for be, rows in res["forward_cost"].items():
+        print(f"forward cost {be}: " + ", ".join(f"W{r['beam_width']} {r['ms']:.1f} ms" for r in rows))
     for k, v in res["ratios"].items():
         print(f"ratio {k}: {v:.2f}x")
+    for t in res["targets"]:
+        met = "n/a" if t["met"] is None else ("met" if t["met"] else "MISSED")
+        val = "n/a" if t["measured"] is None else f"{t['measured']:.3g}"
+        print(f"target {t['target']} ({t['goal']}): {val} {met}")
+    if a.tune:
+        print(f"tuned: {res['tune']['pick']} ({res['tune']['speedup_vs_threshold']:.2f}x threshold) -> {res['tune']['overlay']}")
+    return 0
+
+
+def _user_profile_dir() -> Path:
+    env = os.environ.get("DLLM_DEPLOY_PROFILES")
+    if env and not env.endswith((".yaml", ".yml")):
+        return Path(env)
+    return Path(os.environ.get("XDG_CONFIG_HOME", Path.home() / ".config")) / "dllm-deploy" / "profiles"
+
+
+def _write_yaml(path: Path, data: dict) -> None:
+    import yaml
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(yaml.safe_dump(data, sort_keys=False))
+    tmp.replace(path)
+
+
+def cmd_report(a) -> int:
+    from . import report
+    res = report.load(a.bench_json)
+    paths = report.plots(res, a.plots) if a.plots else []
+    text = report.markdown(res, paths, a.out, source=a.bench_json)
+    if a.out:
+        Path(a.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(a.out).write_text(text)
+        print(f"wrote {a.out}" + (f" and {len(paths)} plots in {a.plots}" if paths else ""), file=sys.stderr)
+    else:
+        sys.stdout.write(text)
     return 0
 
 
 def cmd_profiles(a) -> int:
     import dataclasses
 
-    from .profiles import detect, get_profile, load_profiles
+    from .profiles import detect, explain, get_profile, load_profiles
+    from .profiles.memory import free_bytes_for
     profiles = load_profiles()
     if a.action == "list":
         rows = [{"name": p.name, "description": p.description} for p in profiles.values()]
-        print(json.dumps(rows) if a.json else "\n".join(f"{r['name']:<14} {r['description']}" for r in rows))
+        print(json.dumps(rows) if a.json else "\n".join(f"{r['name']:<18} {r['description']}" for r in rows))
         return 0
     if not a.name:
         raise UserError(f"profiles {a.action} needs a profile name (or 'auto')")
@@ -176,8 +240,13 @@ def cmd_profiles(a) -> int:
         print(json.dumps(d) if a.json else yaml_dump(d))
         return 0
     facts = facts or detect()
+    others = explain(profiles, facts)["candidates"] if a.name == "auto" else []
+    free, where = free_bytes_for(prof, facts, on_gpu=prof.match["kind"] != "cpu" and facts.get("kind") != "cpu")
+    budget = prof.memory.get("fraction", 0.5) * free - prof.memory.get("reserve_mb", 512) * 2**20
     out = {"profile": prof.name, "source": prof.source, "facts": facts, "reasons": reasons,
-           "backends": prof.backends, "precision": prof.precision, "decode": prof.decode}
+           "backends": prof.backends, "precision": prof.precision, "decode": prof.decode, "device": prof.device,
+           "memory": {"free_gb": free / 2**30, "free_from": where, "budget_gb": budget / 2**30, **prof.memory},
+           "candidates": others}
     if a.json:
         print(json.dumps(out))
     else:
@@ -185,7 +254,13 @@ def cmd_profiles(a) -> int:
         print("device: " + ", ".join(f"{k}={v:.1f}" if isinstance(v, float) else f"{k}={v}" for k, v in facts.items()))
         for r in reasons:
             print(f"  matched: {r}")
+        for c in (c for c in others if c["score"] is not None):
+            print(f"  also matched: {c['name']} (score {c['score']}, priority {c['priority']}): {'; '.join(c['reasons'])}")
+        if others:
+            print(f"  did not match: {sum(c['score'] is None for c in others)} other profiles")
         print(f"backends: {' > '.join(prof.backends)}; precision {prof.precision}; decode {prof.decode}")
+        print(f"memory budget: {prof.memory.get('fraction', 0.5)} x {free / 2**30:.1f} GB free ({where}) "
+              f"- {prof.memory.get('reserve_mb', 512)} MB = {budget / 2**30:.1f} GB")
     return 0
 
 
@@ -196,35 +271,35 @@ def yaml_dump(d: dict) -> str:
 
 def cmd_build_engines(a) -> int:
     from .artifact import read_manifest
-    from .export.engines import build_engine, engine_shapes, trtexec_command
+    from .export.engines import build_engines, plan_engines
     from .profiles import get_profile
     m = read_manifest(a.artifact, verify=not a.dry_run)
     prof, reasons, _ = get_profile(a.profile)
-    files = m["precisions"].get(prof.precision) or m["precisions"]["fp32"]
-    shapes = engine_shapes(m, prof.decode)
-    out_dir = Path(a.artifact) / "engines" / prof.name
-    plan = []
-    for graph in ("prefill", "verify"):
-        cmd = trtexec_command(str(Path(a.artifact) / files[graph]), str(out_dir / f"{graph}.plan"), shapes[graph],
-                              workspace_mb=a.workspace_mb, opt_level=a.opt_level, timing_cache=str(out_dir / "timing.cache"))
-        plan.append({"graph": graph, "shapes": {k: {"min": v.min, "opt": v.opt, "max": v.max} for k, v in shapes[graph].items()},
-                     "trtexec": cmd})
+    plan = plan_engines(a.artifact, m, prof, workspace_mb=a.workspace_mb, opt_level=a.opt_level)
+    public = {k: v for k, v in plan.items() if not k.startswith("_")}
     if a.dry_run:
         if a.json:
-            print(json.dumps({"profile": prof.name, "reasons": reasons, "engines": plan}))
+            print(json.dumps({**public, "reasons": reasons}))
         else:
+            st = plan["settings"]
             print(f"profile {prof.name}: {'; '.join(reasons)}")
-            for p in plan:
+            print(f"precision {plan['precision']}; workspace {st['workspace_mb']} MB; builder opt level {st['opt_level']}; "
+                  f"hardware compatibility {st['hardware_compatibility']}")
+            for p in plan["engines"]:
                 print(f"[{p['graph']}]")
                 for name in ("input_ids", "attention_mask", "past_key_values.0.key"):
                     s_ = p["shapes"][name]
                     print(f"  {name:<24} min {s_['min']}  opt {s_['opt']}  max {s_['max']}")
                 print("  " + " ".join(p["trtexec"]))
         return 0
-    for graph in ("prefill", "verify"):
-        build_engine(Path(a.artifact) / files[graph], out_dir / f"{graph}.plan", shapes[graph], a.workspace_mb,
-                     a.opt_level, out_dir / "timing.cache")
-    print(json.dumps({"profile": prof.name, "engines": str(out_dir)}) if a.json else f"engines written to {out_dir}")
+    log = (lambda msg: None) if a.json else (lambda msg: print(msg, file=sys.stderr))
+    res = build_engines(a.artifact, m, plan, force=a.force, log=log)
+    if a.json:
+        print(json.dumps({"profile": prof.name, "engines": plan["out_dir"], "built": res["built"], "reasons": res["reasons"],
+                          "key": {g: e["key"] for g, e in res["record"]["graphs"].items()}}))
+    else:
+        print(f"engines {'written to' if res['built'] else 'up to date in'} {plan['out_dir']}"
+              + (f" ({'; '.join(res['reasons'])})" if res["reasons"] else ""))
     return 0
 
 
@@ -272,9 +347,23 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--n", type=int, default=5, help="prompts per family")
     b.add_argument("--repeats", type=int, default=3, help="interleaved repeats (medians reported)")
     b.add_argument("--gen-length", type=int, default=256, help="token budget per prompt")
-    b.add_argument("--quick", action="store_true", help="n=1, 2 repeats, W=4: a smoke run")
+    b.add_argument("--tree", default="chain", help="spd tree preset (chain | binary | wide)")
+    b.add_argument("--batch-size", type=int, default=1, help="prompts decoded together (1: per-request latency)")
+    b.add_argument("--memory", action="store_true", help="also measure ORT peak memory per beam width (subprocesses)")
+    b.add_argument("--quick", action="store_true", help="2 tasks x 1 prompt, 2 repeats, W=4, gen length 64: a smoke run")
+    b.add_argument("--tune", action="store_true", help="pick the fastest (W, tau) within the quality budget; write a profile overlay")
+    b.add_argument("--quality-budget", type=float, default=0.0, help="--tune: accuracy it may lose vs the threshold baseline")
+    b.add_argument("--tune-out", default=None, help="--tune: overlay file (default: the user profile folder)")
+    b.add_argument("--plots", default=None, metavar="DIR", help="write the PNG plots here")
+    b.add_argument("--quiet", action="store_true", help="no table, no progress bar")
     b.add_argument("--json", default=None, metavar="OUT", help="write the results JSON here")
     b.set_defaults(func=cmd_bench)
+
+    rp = sub.add_parser("report", help="docs/BENCHMARKS.md and plots from a bench JSON")
+    rp.add_argument("bench_json", help="the JSON written by `dllm-deploy bench --json`")
+    rp.add_argument("--out", default=None, help="markdown file to write (default: stdout)")
+    rp.add_argument("--plots", default=None, metavar="DIR", help="write the PNG plots here and link them")
+    rp.set_defaults(func=cmd_report)
 
     pr = sub.add_parser("profiles", help="list, show or explain device profiles")
     pr.add_argument("action", choices=["list", "show", "explain"])
@@ -285,9 +374,10 @@ def build_parser() -> argparse.ArgumentParser:
     be = sub.add_parser("build-engines", help="build TensorRT engines for a profile (needs TensorRT + a GPU)")
     be.add_argument("--artifact", required=True)
     be.add_argument("--profile", default="auto")
-    be.add_argument("--workspace-mb", type=int, default=4096)
-    be.add_argument("--opt-level", type=int, default=3, help="TensorRT builder optimization level (0-5)")
+    be.add_argument("--workspace-mb", type=int, default=None, help="TensorRT workspace (default: the profile's trt.workspace_mb)")
+    be.add_argument("--opt-level", type=int, default=None, help="TensorRT builder optimization level 0-5 (default: the profile's)")
     be.add_argument("--dry-run", action="store_true", help="print the shapes and the trtexec command; build nothing")
+    be.add_argument("--force", action="store_true", help="rebuild even when the recorded engines are up to date")
     be.add_argument("--json", action="store_true")
     be.set_defaults(func=cmd_build_engines)
 

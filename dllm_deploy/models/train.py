@@ -127,7 +127,7 @@ def make_batch(rng: random.Random, n: int, tok: ByteTokenizer, held_out: set[str
 def save(model: DLLM, out: Path, meta: dict) -> None:
     from safetensors.torch import save_file
     out.mkdir(parents=True, exist_ok=True)
-    tensors = {k: v.detach().contiguous() for k, v in model.state_dict().items()}
+    tensors = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
     tmp = out / "model.safetensors.tmp"
     save_file(tensors, str(tmp), metadata={"format": "pt"})
     tmp.replace(out / "model.safetensors")
@@ -157,8 +157,16 @@ def main(argv=None) -> None:
     ap.add_argument("--init-from", type=Path, default=None,
                     help="continue from the weights in this folder (a second phase with its own schedule)")
     ap.add_argument("--time-steps", type=int, default=0, help="only time this many steps and exit")
+    ap.add_argument("--mix", default="", help="family weights overriding the default mix, e.g. text=0.4,letter=1.0")
+    ap.add_argument("--device", default="cpu", help="torch device (cpu, cuda): the script runs on a CPU; a GPU is faster")
+    ap.add_argument("--pool", type=int, default=8, help="batches drawn at once and bucketed by length (1: no bucketing)")
     args = ap.parse_args(argv)
     SUFFIX_SHARE = args.suffix_share
+    for item in filter(None, args.mix.split(",")):
+        fam, _, w = item.partition("=")
+        if fam not in MIX:
+            raise SystemExit(f"--mix: unknown family {fam!r} (known: {', '.join(MIX)})")
+        MIX[fam] = float(w)
 
     torch.manual_seed(args.seed)
     torch.set_num_threads(args.threads)
@@ -166,6 +174,7 @@ def main(argv=None) -> None:
     tok = ByteTokenizer()
     cfg = tiny_config(args.hidden, args.layers, args.heads, args.kv_heads, args.ffn)
     model = DLLM(cfg)
+    dev = torch.device(args.device)
     for name, p in model.named_parameters():
         if p.dim() == 2:
             torch.nn.init.normal_(p, std=0.02 if "down_proj" not in name and "o_proj" not in name
@@ -176,6 +185,7 @@ def main(argv=None) -> None:
         model.load_state_dict(load_file(str(args.init_from / "model.safetensors")))
         meta = args.init_from / "training.json"
         previous = json.loads(meta.read_text()) if meta.exists() else None
+    model.to(dev)
     n_params = sum(p.numel() for p in model.parameters())
     held_out = tasks.eval_prompts()
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(0.9, 0.98), weight_decay=0.01)
@@ -192,12 +202,12 @@ def main(argv=None) -> None:
         lr = args.lr * min(1.0, step / args.warmup) * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, step / args.steps))))
         for g in opt.param_groups:
             g["lr"] = lr
-        if not pending:  # draw 8 batches at once and bucket them by length: less padding
-            rows = sorted((build_row(sample_example(rng, held_out), tok, rng) for _ in range(8 * args.batch)),
+        if not pending:  # draw --pool batches at once and bucket them by length: less padding
+            rows = sorted((build_row(sample_example(rng, held_out), tok, rng) for _ in range(args.pool * args.batch)),
                           key=lambda r: len(r[0]))
             pending = [rows[i:i + args.batch] for i in range(0, len(rows), args.batch)]
             rng.shuffle(pending)
-        ids, pos, mask, tgt, lf = make_batch(rng, args.batch, tok, held_out, rows=pending.pop())
+        ids, pos, mask, tgt, lf = (x.to(dev) for x in make_batch(rng, args.batch, tok, held_out, rows=pending.pop()))
         logits, _ = model(ids, pos, mask)
         loss = F.cross_entropy(logits[lf], tgt[lf])
         opt.zero_grad(set_to_none=True)
@@ -220,7 +230,7 @@ def main(argv=None) -> None:
         if step % args.save_every == 0 or step == args.steps or step == args.stop_after:
             save(model, args.out, {"init_from": str(args.init_from) if args.init_from else None, "seed": args.seed, "steps": step, "target_steps": args.steps, "batch": args.batch,
                                    "lr": args.lr, "params": n_params, "elapsed_s": round(time.time() - t0, 1),
-                                   "mix": MIX, "threads": args.threads, "torch": torch.__version__,
+                                   "mix": MIX, "pool": args.pool, "warmup": args.warmup, "threads": args.threads, "device": args.device, "torch": torch.__version__,
                                    "suffix_share": SUFFIX_SHARE, "previous_phase": previous})
         if step == args.stop_after:
             break

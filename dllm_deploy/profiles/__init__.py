@@ -1,14 +1,17 @@
 """Device profiles (DESIGN §4): YAML data saying which hardware a profile matches, backends in
-order, precision, decode defaults and ONNX Runtime session options.
+order, precision, decode defaults, memory policy, TensorRT build settings and ONNX Runtime
+session options.
 
     load_profiles()            every bundled profile plus the user's (DLLM_DEPLOY_PROFILES=dir or file)
-    detect()                   facts of this machine: NVML GPU if any, else CPU (arch, cores, memory)
+    detect()                   facts of this machine: Jetson (L4T files), NVML GPU, else CPU (arch, cores, memory)
     select(profiles, facts)    the best match, with the reasons (what `profiles explain` prints)
+    explain(profiles, facts)   the winner, its reasons, and every other profile's score or reason to lose
 """
 from __future__ import annotations
 
 import os
 import platform
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -18,52 +21,88 @@ from ..errors import UserError
 
 BUNDLED = Path(__file__).resolve().parent
 
+NUM = (int, float)
 _SCHEMA = {
-    "name": str, "description": str, "match": dict, "backends": list, "precision": str,
-    "decode": dict, "memory": dict, "ort": dict, "priority": int,
+    "name": str, "description": str, "match": dict, "device": dict, "backends": list, "precision": str,
+    "decode": dict, "memory": dict, "trt": dict, "ort": dict, "priority": int,
+    "tuned": dict,                     # provenance written by `bench --tune` (free-form, not interpreted)
 }
-_MATCH = {"kind": str, "arch": list, "gpu_name": list, "min_memory_gb": (int, float), "max_memory_gb": (int, float)}
-_DECODE = {"block_length": int, "beam_width": int, "max_beam_width": int, "threshold": float, "max_seq": int, "batch": int}
+_MATCH = {"kind": str, "arch": list, "gpu_name": list, "min_memory_gb": NUM, "max_memory_gb": NUM}
+_DEVICE = {"memory_gb": NUM, "compute_capability": str, "shared_host_memory": bool}
+_DECODE = {"block_length": int, "beam_width": int, "max_beam_width": int, "threshold": float, "max_seq": int, "batch": int,
+           "strategy": str, "select": str, "base": str, "tree": str}
 _MEMORY = {"fraction": float, "reserve_mb": int}
+_TRT = {"workspace_mb": int, "opt_level": int, "hardware_compatibility": str}
 _ORT = {"intra_op_threads": int, "provider_options": dict}
+KINDS = ("cpu", "gpu", "jetson")
+PRECISIONS = ("fp32", "fp16", "int8")
+HW_COMPAT = ("none", "ampere_plus", "same_compute_capability")
 
 
 @dataclass
 class Profile:
     name: str                          # unique name (file stem by convention)
     description: str                   # one line for `profiles list`
-    match: dict                        # kind (cpu|gpu|jetson), arch list, gpu_name substrings, memory range (GB)
+    match: dict                        # kind (cpu|gpu|jetson), arch list, gpu_name words, memory range (GB)
     backends: list                     # ONNX Runtime execution providers, in order of preference
     precision: str = "fp32"            # artifact variant to load
+    device: dict = field(default_factory=dict)   # the hardware: memory (GB), compute capability, shared host memory
     decode: dict = field(default_factory=dict)   # defaults for the decode loop
     memory: dict = field(default_factory=dict)   # fraction of free memory usable, reserve (MB)
+    trt: dict = field(default_factory=dict)      # TensorRT build: workspace (MB), builder opt level, hardware compat.
     ort: dict = field(default_factory=dict)      # session options: threads, provider options
     priority: int = 0                  # tie-break between equally specific matches
+    tuned: dict = field(default_factory=dict)    # provenance of a `bench --tune` overlay (not interpreted)
     source: str = ""                   # the file it came from
 
 
 def _check(d: dict, schema: dict, where: str) -> None:
+    if not isinstance(d, dict):
+        raise UserError(f"{where}: expected a mapping, got {type(d).__name__}")
     for k, v in d.items():
         if k not in schema:
             raise UserError(f"{where}: unknown key {k!r} (expected one of {', '.join(schema)})")
         want = schema[k]
-        if isinstance(v, bool) or not isinstance(v, want if isinstance(want, tuple) else (want,) if want is not float else (int, float)):
+        if want is bool:
+            ok = isinstance(v, bool)
+        elif want is float:
+            ok = isinstance(v, (int, float)) and not isinstance(v, bool)
+        else:
+            ok = isinstance(v, want) and not isinstance(v, bool)
+        if not ok:
             raise UserError(f"{where}: {k!r} has the wrong type ({type(v).__name__})")
 
 
 def parse_profile(raw: dict, source: str) -> Profile:
+    """Validate one profile mapping (unknown keys, types, a few values) into a Profile."""
     if not isinstance(raw, dict):
         raise UserError(f"{source}: a profile must be a mapping")
     _check(raw, _SCHEMA, source)
     for key in ("name", "match", "backends"):
         if key not in raw:
             raise UserError(f"{source}: missing key {key!r}")
-    _check(raw["match"], _MATCH, f"{source}: match")
-    _check(raw.get("decode", {}), _DECODE, f"{source}: decode")
-    _check(raw.get("memory", {}), _MEMORY, f"{source}: memory")
-    _check(raw.get("ort", {}), _ORT, f"{source}: ort")
-    if raw["match"].get("kind") not in ("cpu", "gpu", "jetson"):
+    for key, schema in (("match", _MATCH), ("device", _DEVICE), ("decode", _DECODE), ("memory", _MEMORY),
+                        ("trt", _TRT), ("ort", _ORT)):
+        _check(raw.get(key, {}), schema, f"{source}: {key}")
+    m, dev, mem, trt = raw["match"], raw.get("device", {}), raw.get("memory", {}), raw.get("trt", {})
+    if m.get("kind") not in KINDS:
         raise UserError(f"{source}: match.kind must be cpu, gpu or jetson")
+    for key in ("arch", "gpu_name"):
+        if key in m and not all(isinstance(x, str) and x for x in m[key]):
+            raise UserError(f"{source}: match.{key} must be a list of non-empty strings")
+    if raw.get("precision", "fp32") not in PRECISIONS:
+        raise UserError(f"{source}: precision must be one of {', '.join(PRECISIONS)}")
+    if "compute_capability" in dev and not re.fullmatch(r"\d+\.\d+", dev["compute_capability"]):
+        raise UserError(f"{source}: device.compute_capability must look like '8.7' (quote it in YAML)")
+    if not 0 < mem.get("fraction", 0.5) <= 1:
+        raise UserError(f"{source}: memory.fraction must be in (0, 1]")
+    if trt.get("hardware_compatibility", "none") not in HW_COMPAT:
+        raise UserError(f"{source}: trt.hardware_compatibility must be one of {', '.join(HW_COMPAT)}")
+    if not 0 <= trt.get("opt_level", 3) <= 5:
+        raise UserError(f"{source}: trt.opt_level must be 0..5")
+    d = raw.get("decode", {})
+    if d.get("beam_width", 1) > d.get("max_beam_width", d.get("beam_width", 1)):
+        raise UserError(f"{source}: decode.beam_width is above decode.max_beam_width")
     return Profile(description=raw.get("description", ""), source=source,
                    **{k: v for k, v in raw.items() if k != "description"})
 
@@ -87,14 +126,16 @@ def load_profiles(extra: str | Path | None = None) -> dict[str, Profile]:
     return out
 
 
+# device-tree "compatible" SoC -> CUDA compute capability of its integrated GPU
+_TEGRA_CC = {"tegra234": "8.7", "tegra194": "7.2"}
+
+
 def detect() -> dict:
-    """Facts of this machine. NVML (nvidia-ml-py) for GPUs when it loads; else the CPU."""
+    """Facts of this machine. Jetson by its L4T files (GPU and CPU share the host memory; NVML is
+    absent there); else NVML (nvidia-ml-py) for a discrete GPU when it loads; else the CPU."""
     facts = {"arch": platform.machine(), "cpus": os.cpu_count() or 1, "memory_gb": _mem_gb(), "kind": "cpu"}
     if Path("/etc/nv_tegra_release").exists():
-        facts["kind"] = "jetson"
-        model = Path("/proc/device-tree/model")
-        facts["gpu_name"] = model.read_text(errors="ignore").strip("\x00 \n") if model.exists() else "jetson"
-        return facts
+        return {**facts, **jetson_facts(Path("/"))}
     try:
         import pynvml  # nvidia-ml-py, imported lazily
         pynvml.nvmlInit()
@@ -105,8 +146,29 @@ def detect() -> dict:
             cc = pynvml.nvmlDeviceGetCudaComputeCapability(h)
             facts.update(kind="gpu", gpu_name=name.decode() if isinstance(name, bytes) else name,
                          memory_gb=mem.total / 2**30, free_memory_gb=mem.free / 2**30, compute_capability=f"{cc[0]}.{cc[1]}")
-    except Exception:  # ImportError, NVMLError_LibraryNotFound, no driver: this is a CPU machine
+    except Exception:  # noqa: BLE001, S110 -- ImportError, NVMLError_LibraryNotFound, no driver: a CPU machine
         pass
+    return facts
+
+
+def jetson_facts(root: Path) -> dict:
+    """Jetson facts from L4T files under ``root``: the module name (device-tree model), the SoC's
+    compute capability (device-tree compatible), the L4T release. memory_gb stays the host's:
+    the GPU allocates from the same DRAM."""
+    facts: dict = {"kind": "jetson", "shared_host_memory": True}
+    model = root / "proc/device-tree/model"
+    facts["gpu_name"] = model.read_text(errors="ignore").strip("\x00 \n") if model.exists() else "jetson"
+    compat = root / "proc/device-tree/compatible"
+    if compat.exists():
+        socs = compat.read_text(errors="ignore").replace("\x00", ",")
+        cc = next((c for soc, c in _TEGRA_CC.items() if soc in socs), None)
+        if cc:
+            facts["compute_capability"] = cc
+    rel = root / "etc/nv_tegra_release"
+    if rel.exists():
+        m = re.search(r"R(\d+)\s*\(release\),\s*REVISION:\s*([\d.]+)", rel.read_text(errors="ignore"))
+        if m:
+            facts["l4t"] = f"{m.group(1)}.{m.group(2)}"
     return facts
 
 
@@ -117,43 +179,70 @@ def _mem_gb() -> float:
         return 0.0
 
 
+def _name_has(name: str, word: str) -> bool:
+    """``word`` occurs in ``name`` not glued to other letters or digits (case-insensitive):
+    'A10' matches 'NVIDIA A10' but not 'NVIDIA A100-SXM4-40GB'; 'L4' does not match 'NVIDIA L40S'."""
+    return re.search(rf"(?<![0-9a-z]){re.escape(word.lower())}(?![0-9a-z])", name.lower()) is not None
+
+
+def score(p: Profile, facts: dict) -> tuple[int | None, list[str]]:
+    """How specifically ``p`` matches ``facts``: (score, reasons), or (None, [why not])."""
+    m, reasons, sc = p.match, [], 0
+    if m["kind"] != facts.get("kind"):
+        return None, [f"kind {facts.get('kind')} is not {m['kind']}"]
+    reasons.append(f"kind {facts['kind']}")
+    if "arch" in m:
+        if facts.get("arch") not in m["arch"]:
+            return None, [f"arch {facts.get('arch')} not in {m['arch']}"]
+        reasons.append(f"arch {facts['arch']} in {m['arch']}")
+        sc += 1
+    if "gpu_name" in m:
+        name = str(facts.get("gpu_name", ""))
+        hit = next((g for g in m["gpu_name"] if _name_has(name, g)), None)
+        if hit is None:
+            return None, [f"device name {name!r} has none of {m['gpu_name']}"]
+        reasons.append(f"device name {name!r} contains {hit!r}")
+        sc += 4
+    mem = float(facts.get("memory_gb", 0))
+    if "min_memory_gb" in m:
+        if mem < m["min_memory_gb"]:
+            return None, [f"memory {mem:.1f} GB < {m['min_memory_gb']}"]
+        reasons.append(f"memory {mem:.1f} GB >= {m['min_memory_gb']}")
+        sc += 1
+    if "max_memory_gb" in m:
+        if mem > m["max_memory_gb"]:
+            return None, [f"memory {mem:.1f} GB > {m['max_memory_gb']}"]
+        reasons.append(f"memory {mem:.1f} GB <= {m['max_memory_gb']}")
+        sc += 1
+    want_cc, got_cc = p.device.get("compute_capability"), facts.get("compute_capability")
+    if want_cc and got_cc:             # checked when both are known (NVML, the Jetson device tree)
+        if want_cc != got_cc:
+            return None, [f"compute capability {got_cc} is not {want_cc}"]
+        reasons.append(f"compute capability {got_cc}")
+        sc += 1
+    return sc, reasons
+
+
+def explain(profiles: dict[str, Profile], facts: dict) -> dict:
+    """The winner (highest score, then priority), its reasons, and every candidate's outcome."""
+    rows = []
+    for p in profiles.values():
+        sc, why = score(p, facts)
+        rows.append({"name": p.name, "score": sc, "priority": p.priority, "reasons": why})
+    ok = [r for r in rows if r["score"] is not None]
+    if not ok:
+        raise UserError(f"no profile matches this device ({facts.get('kind')}, {facts.get('arch')}, "
+                        f"{facts.get('gpu_name', 'no GPU')}); add one (docs/profiles.md)")
+    ok.sort(key=lambda r: (r["score"], r["priority"]), reverse=True)
+    win = ok[0]
+    rest = sorted((r for r in rows if r is not win), key=lambda r: (r["score"] is None, -(r["score"] or 0), r["name"]))
+    return {"profile": win["name"], "reasons": win["reasons"], "score": win["score"], "candidates": rest}
+
+
 def select(profiles: dict[str, Profile], facts: dict) -> tuple[Profile, list[str]]:
     """The most specific profile whose match holds; the reasons say which facts matched."""
-    best, best_key, best_reasons = None, None, []
-    for p in profiles.values():
-        m, reasons, score = p.match, [], 0
-        if m["kind"] != facts["kind"]:
-            continue
-        reasons.append(f"kind {facts['kind']}")
-        if "arch" in m:
-            if facts.get("arch") not in m["arch"]:
-                continue
-            reasons.append(f"arch {facts['arch']} in {m['arch']}")
-            score += 1
-        if "gpu_name" in m:
-            name = str(facts.get("gpu_name", "")).lower()
-            hit = next((g for g in m["gpu_name"] if g.lower() in name), None)
-            if hit is None:
-                continue
-            reasons.append(f"device name {facts.get('gpu_name')!r} contains {hit!r}")
-            score += 4
-        mem = facts.get("memory_gb", 0)
-        if "min_memory_gb" in m:
-            if mem < m["min_memory_gb"]:
-                continue
-            reasons.append(f"memory {mem:.1f} GB >= {m['min_memory_gb']}")
-            score += 1
-        if "max_memory_gb" in m:
-            if mem > m["max_memory_gb"]:
-                continue
-            reasons.append(f"memory {mem:.1f} GB <= {m['max_memory_gb']}")
-            score += 1
-        key = (score, p.priority)
-        if best_key is None or key > best_key:
-            best, best_key, best_reasons = p, key, reasons
-    if best is None:
-        raise UserError(f"no profile matches this device ({facts.get('kind')}, {facts.get('arch')}); add one (docs/profiles.md)")
-    return best, best_reasons
+    e = explain(profiles, facts)
+    return profiles[e["profile"]], e["reasons"]
 
 
 def get_profile(name: str, profiles: dict[str, Profile] | None = None) -> tuple[Profile, list[str], dict]:

@@ -51,18 +51,30 @@ class Runtime:
         if artifact is not None:
             from ..profiles import get_profile
             from .backends.ort_backend import load_artifact_runtime
-            from ..profiles.memory import beam_width_cap, free_memory_bytes
+            from ..profiles.memory import beam_width_cap, free_bytes_for
             prof, reasons, facts = get_profile(profile)
-            rt = load_artifact_runtime(cls, artifact, precision=precision or "fp32", threads=threads,
-                                       providers=prof.backends, provider_options=prof.ort.get("provider_options"),
-                                       threads_default=prof.ort.get("intra_op_threads") or None,
-                                       max_beam_width=prof.decode.get("max_beam_width"))
-            free = int(facts.get("free_memory_gb", 0) * 2**30) or free_memory_bytes()
+            if precision is None:   # the profile's precision when the artifact has it, else fp32
+                from ..artifact import read_manifest
+                have = read_manifest(artifact, verify=False)["precisions"]
+                precision = prof.precision if prof.precision in have else "fp32"
+            if backend == "trt":
+                from .backends.trt_backend import load_trt_runtime
+                rt = load_trt_runtime(cls, artifact, prof, precision=precision)
+            else:
+                rt = load_artifact_runtime(cls, artifact, precision=precision, threads=threads,
+                                           providers=prof.backends, provider_options=prof.ort.get("provider_options"),
+                                           threads_default=prof.ort.get("intra_op_threads") or None,
+                                           max_beam_width=prof.decode.get("max_beam_width"))
+            free, _ = free_bytes_for(prof, facts, on_gpu=rt.backend.providers[0] != "CPUExecutionProvider")
             mem_cap = beam_width_cap(rt.config.to_dict(), free, fraction=prof.memory.get("fraction", 0.5),
-                                     reserve_mb=prof.memory.get("reserve_mb", 512), precision=precision or "fp32",
+                                     reserve_mb=prof.memory.get("reserve_mb", 512), precision=precision,
                                      block_length=rt.config.block_size, max_seq=rt.config.max_seq,
                                      limit=rt.decoder.max_beam_width)
-            rt.decoder.max_beam_width = min(rt.decoder.max_beam_width, mem_cap)
+            if mem_cap < rt.decoder.max_beam_width:
+                rt.decoder.max_beam_width = mem_cap
+                rt.decoder.cap_reason = f"the free-memory estimate of profile {prof.name} ({free / 2**30:.1f} GiB free)"
+            else:
+                rt.decoder.cap_reason = f"the artifact's / profile {prof.name}'s max_beam_width"
             rt.profile, rt.profile_reasons = prof, reasons
             return rt
         if backend not in (None, "torch"):
@@ -73,7 +85,21 @@ class Runtime:
         be = TorchBackend.load(model or "tiny", device=device)
         return cls(be, load_tokenizer(resolve_model_dir(model or "tiny"), be.config.eos_token_id), be.config)
 
+    #: decode options a profile (or a `bench --tune` overlay) may default
+    PROFILE_DECODE_KEYS = ("strategy", "beam_width", "threshold", "select", "base", "tree")
+
+    def decode_defaults(self) -> dict:
+        """The profile's decode defaults that apply to this runtime (empty for the torch backend)."""
+        if self.profile is None:
+            return {}
+        return {k: self.profile.decode[k] for k in self.PROFILE_DECODE_KEYS if k in self.profile.decode}
+
+    def decode_config(self, **decode) -> DecodeConfig:
+        """A DecodeConfig where options left as None take the profile's defaults, then the built-in ones."""
+        merged = {**self.decode_defaults(), **{k: v for k, v in decode.items() if v is not None}}
+        return decode_config(**merged)
+
     def generate(self, prompts: str | list[str], **decode) -> list[RowResult]:
         if isinstance(prompts, str):
             prompts = [prompts]
-        return self.decoder.generate(list(prompts), decode_config(**decode))
+        return self.decoder.generate(list(prompts), self.decode_config(**decode))

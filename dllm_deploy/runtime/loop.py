@@ -163,6 +163,7 @@ class Decoder:
     def __init__(self, backend, tokenizer, config, max_beam_width: int | None = None):
         self.backend, self.tok, self.config = backend, tokenizer, config
         self.max_beam_width = max_beam_width
+        self.cap_reason = "the artifact's max_beam_width"   # what set max_beam_width (for the warning)
 
     def generate(self, prompts: list[str], dcfg: DecodeConfig) -> list[RowResult]:
         c = self.config
@@ -174,7 +175,7 @@ class Decoder:
         requested = width = dcfg.beam_width if dcfg.strategy == "spd" else 1
         if self.max_beam_width is not None and width > self.max_beam_width:
             width = self.max_beam_width
-            warnings.warn(f"beam width {requested} lowered to {width} (the artifact's max_beam_width)", stacklevel=2)
+            warnings.warn(f"beam width {requested} lowered to {width} (cap from {self.cap_reason})", stacklevel=2)
         dcfg = DecodeConfig(**{**dcfg.__dict__, "beam_width": width})
         policy = Policy(dcfg, c.mask_token_id)
         mode = resolve_cache(dcfg.cache, c.attention, policy.width)

@@ -1,0 +1,228 @@
+// dllm-generate: decode prompts from an exported artifact with the C++ runtime.
+//
+//   dllm-generate --artifact DIR --prompt TEXT [--strategy vanilla|threshold|spd] [--json] ...
+//   dllm-generate --artifact DIR --prompts-file FILE --json      # one JSON object per line
+//
+// --json prints the keys of `dllm-deploy generate --json` (text, token_ids, forwards, tokens, tpf,
+// wall_s, tokens_per_s, beam_width_used, accepted_hist, finished, beam_width_requested) plus
+// backend_s (seconds inside ONNX Runtime). A prompts file holds one prompt per line: a line that
+// starts with a double quote is a JSON string ("upper: air\n" carries its newline), any other
+// line is taken as is (without its line ending); blank lines are skipped.
+// A user error prints one line on stderr and exits with 2 (1 for an internal error).
+#include <cerrno>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <iostream>
+#include <string>
+#include <vector>
+
+#include "dllm_deploy/dllm.hpp"
+
+namespace {
+
+const char* kUsage =
+    "usage: dllm-generate --artifact DIR (--prompt TEXT | --prompts-file FILE) [--strategy vanilla|threshold|spd]\n"
+    "                     [--gen-length N] [--block-length L] [--tokens-per-step K] [--steps S]\n"
+    "                     [--beam-width W] [--max-beam-width W] [--tree chain|binary|wide] [--threshold TAU]\n"
+    "                     [--select lossless|threshold] [--base vanilla|threshold] [--cache auto|exact|prefix]\n"
+    "                     [--precision fp32|int8] [--threads N] [--no-verify] [--json]\n";
+
+struct UsageError {
+  std::string message;
+};
+
+int to_int(const std::string& flag, const std::string& v) {
+  char* end = nullptr;
+  errno = 0;
+  long x = std::strtol(v.c_str(), &end, 10);
+  if (v.empty() || *end != '\0' || errno != 0 || x < -2147483647L || x > 2147483647L)
+    throw UsageError{"argument " + flag + ": invalid int value: '" + v + "'"};
+  return static_cast<int>(x);
+}
+
+double to_double(const std::string& flag, const std::string& v) {
+  char* end = nullptr;
+  double x = std::strtod(v.c_str(), &end);
+  if (v.empty() || *end != '\0') throw UsageError{"argument " + flag + ": invalid float value: '" + v + "'"};
+  return x;
+}
+
+void put_utf8(std::string& out, unsigned cp) {
+  if (cp < 0x80) {
+    out += static_cast<char>(cp);
+  } else if (cp < 0x800) {
+    out += static_cast<char>(0xC0 | (cp >> 6));
+    out += static_cast<char>(0x80 | (cp & 0x3F));
+  } else if (cp < 0x10000) {
+    out += static_cast<char>(0xE0 | (cp >> 12));
+    out += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
+    out += static_cast<char>(0x80 | (cp & 0x3F));
+  } else {
+    out += static_cast<char>(0xF0 | (cp >> 18));
+    out += static_cast<char>(0x80 | ((cp >> 12) & 0x3F));
+    out += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
+    out += static_cast<char>(0x80 | (cp & 0x3F));
+  }
+}
+
+// A JSON string literal (the whole line, surrounding quotes included) -> its UTF-8 text.
+bool json_string(const std::string& line, std::string& out) {
+  size_t i = 1;
+  out.clear();
+  auto hex4 = [&](unsigned& u) {
+    if (i + 4 > line.size()) return false;
+    u = 0;
+    for (int k = 0; k < 4; ++k) {
+      char c = line[i++];
+      u <<= 4;
+      if (c >= '0' && c <= '9') u |= c - '0';
+      else if (c >= 'a' && c <= 'f') u |= c - 'a' + 10;
+      else if (c >= 'A' && c <= 'F') u |= c - 'A' + 10;
+      else return false;
+    }
+    return true;
+  };
+  while (i < line.size()) {
+    char c = line[i++];
+    if (c == '"') {
+      while (i < line.size() && (line[i] == ' ' || line[i] == '\t' || line[i] == '\r')) ++i;
+      return i == line.size();
+    }
+    if (c != '\\') {
+      out += c;
+      continue;
+    }
+    if (i >= line.size()) return false;
+    char e = line[i++];
+    unsigned u = 0;
+    switch (e) {
+      case 'n': out += '\n'; break;
+      case 't': out += '\t'; break;
+      case 'r': out += '\r'; break;
+      case 'b': out += '\b'; break;
+      case 'f': out += '\f'; break;
+      case '"': case '\\': case '/': out += e; break;
+      case 'u':
+        if (!hex4(u)) return false;
+        if (u >= 0xD800 && u < 0xDC00 && i + 6 <= line.size() && line[i] == '\\' && line[i + 1] == 'u') {
+          unsigned lo = 0;
+          i += 2;
+          if (!hex4(lo) || lo < 0xDC00 || lo >= 0xE000) return false;
+          u = 0x10000 + ((u - 0xD800) << 10) + (lo - 0xDC00);
+        }
+        put_utf8(out, u);
+        break;
+      default: return false;
+    }
+  }
+  return false;
+}
+
+std::vector<std::string> read_prompts(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw dllm::Error(DLLM_ERROR_INVALID_ARGUMENT, path + ": cannot read the prompts file");
+  std::vector<std::string> prompts;
+  std::string line;
+  int number = 0;
+  while (std::getline(in, line)) {
+    ++number;
+    if (!line.empty() && line.back() == '\r') line.pop_back();
+    if (line.find_first_not_of(" \t") == std::string::npos) continue;
+    if (line[0] == '"') {
+      std::string text;
+      if (!json_string(line, text))
+        throw dllm::Error(DLLM_ERROR_INVALID_ARGUMENT, path + ":" + std::to_string(number) + ": not a valid JSON string");
+      prompts.push_back(text);
+    } else {
+      prompts.push_back(line);
+    }
+  }
+  if (prompts.empty()) throw dllm::Error(DLLM_ERROR_INVALID_ARGUMENT, path + ": no prompt in the file");
+  return prompts;
+}
+
+int run(int argc, char** argv) {
+  std::string artifact, prompt, prompts_file;
+  bool have_prompt = false, json = false;
+  dllm::RuntimeOptions ropt;
+  ropt.warnings_to_stderr = false;  // printed below with this program's prefix
+  dllm::DecodeConfig cfg;
+  for (int i = 1; i < argc; ++i) {
+    const std::string flag = argv[i];
+    if (flag == "-h" || flag == "--help") {
+      std::cout << kUsage;
+      return 0;
+    }
+    if (flag == "--json") {
+      json = true;
+      continue;
+    }
+    if (flag == "--no-verify") {
+      ropt.verify_hashes = false;
+      continue;
+    }
+    if (i + 1 >= argc) throw UsageError{"argument " + flag + ": expected one argument"};
+    const std::string v = argv[++i];
+    if (flag == "--artifact") artifact = v;
+    else if (flag == "--prompt") prompt = v, have_prompt = true;
+    else if (flag == "--prompts-file") prompts_file = v;
+    else if (flag == "--strategy") cfg.strategy = v;
+    else if (flag == "--gen-length") cfg.gen_length = to_int(flag, v);
+    else if (flag == "--block-length") cfg.block_length = to_int(flag, v);
+    else if (flag == "--tokens-per-step") cfg.tokens_per_step = to_int(flag, v);
+    else if (flag == "--steps") {
+      cfg.steps = to_int(flag, v);
+      if (cfg.steps < 1) throw UsageError{"argument --steps: must be >= 1"};
+    }
+    else if (flag == "--beam-width") cfg.beam_width = to_int(flag, v);
+    else if (flag == "--max-beam-width") ropt.max_beam_width = to_int(flag, v);
+    else if (flag == "--tree") cfg.tree = v;
+    else if (flag == "--threshold") cfg.threshold = to_double(flag, v);
+    else if (flag == "--select") cfg.select = v;
+    else if (flag == "--base") cfg.base = v;
+    else if (flag == "--cache") cfg.cache = v;
+    else if (flag == "--precision") ropt.precision = v;
+    else if (flag == "--threads") ropt.intra_op_threads = to_int(flag, v);
+    else throw UsageError{"unrecognized argument: " + flag};
+  }
+  if (artifact.empty()) throw UsageError{"the following argument is required: --artifact"};
+  if (have_prompt == !prompts_file.empty()) throw UsageError{"give exactly one of --prompt and --prompts-file"};
+  if (ropt.intra_op_threads < 0) throw UsageError{"argument --threads: must be >= 0"};
+
+  std::vector<std::string> prompts = have_prompt ? std::vector<std::string>{prompt} : read_prompts(prompts_file);
+  dllm::Runtime rt(artifact, ropt);
+  for (const std::string& p : prompts) {
+    dllm::Result r = rt.generate(p, cfg);
+    const std::string warnings = r.warnings();
+    if (!warnings.empty()) std::cerr << "dllm-generate: warning: " << warnings << "\n";
+    if (json) {
+      std::cout << r.json() << "\n" << std::flush;
+    } else {
+      const dllm::Stats s = r.stats();
+      std::cout << r.text() << "\n" << std::flush;
+      std::fprintf(stderr, "[%lld tokens, %lld forwards, TPF %.2f, %.1f tok/s, beam_width %d, backend ort-cpp]\n",
+                   static_cast<long long>(s.tokens), static_cast<long long>(s.forwards), s.tpf, s.tokens_per_s,
+                   s.beam_width_used);
+    }
+  }
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    return run(argc, argv);
+  } catch (const UsageError& e) {
+    std::cerr << "dllm-generate: error: " << e.message << " (see --help)\n";
+    return 2;
+  } catch (const dllm::Error& e) {
+    std::cerr << "dllm-generate: error: " << e.what() << "\n";
+    return e.code() == DLLM_ERROR_INTERNAL ? 1 : 2;
+  } catch (const std::exception& e) {
+    std::cerr << "dllm-generate: internal error: " << e.what() << "\n";
+    return 1;
+  }
+}

@@ -1,0 +1,136 @@
+/* dllm_deploy C ABI: load an exported artifact (manifest.json + prefill.onnx + verify.onnx) and
+ * decode prompts with the same loop as the Python runtime (vanilla, threshold, spd), over
+ * ONNX Runtime's CPU execution provider.
+ *
+ * Conventions
+ *   - Opaque handles with create/destroy pairs: dllm_runtime, dllm_result.
+ *   - Every fallible call returns a dllm_error*: NULL on success, otherwise an error object the
+ *     caller reads (dllm_error_code, dllm_error_message) and frees (dllm_error_free).
+ *     No C++ exception ever crosses this boundary.
+ *   - Strings are UTF-8 and NUL-terminated. Strings and arrays returned by a getter live as long
+ *     as the handle they came from.
+ *   - Option structs are plain data: fill them with their *_init function (the Python defaults),
+ *     then change fields. struct_size (set by *_init) lets later versions add fields at the end.
+ *   - A dllm_runtime is not thread-safe: use one per thread (they may share nothing but the
+ *     process-wide ONNX Runtime environment).
+ */
+#ifndef DLLM_DEPLOY_DLLM_H
+#define DLLM_DEPLOY_DLLM_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#if defined(_WIN32)
+#define DLLM_API __declspec(dllexport)
+#else
+#define DLLM_API __attribute__((visibility("default")))
+#endif
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define DLLM_ABI_VERSION 1
+
+typedef enum dllm_code {
+  DLLM_OK = 0,
+  DLLM_ERROR_INVALID_ARGUMENT = 1, /* a bad option, prompt or flag (Python: UserError) */
+  DLLM_ERROR_ARTIFACT = 2,         /* missing folder/file, corrupt manifest, sha256 mismatch */
+  DLLM_ERROR_UNSUPPORTED = 3,      /* valid, but not in the C++ runtime yet (hf tokenizer, ...) */
+  DLLM_ERROR_ONNXRUNTIME = 4,      /* ONNX Runtime refused: API version, graph load, run */
+  DLLM_ERROR_INTERNAL = 5          /* a bug or out of memory */
+} dllm_code;
+
+typedef struct dllm_error dllm_error;
+typedef struct dllm_runtime dllm_runtime;
+typedef struct dllm_result dllm_result;
+
+DLLM_API dllm_code dllm_error_code(const dllm_error* err);       /* DLLM_OK for NULL */
+DLLM_API const char* dllm_error_message(const dllm_error* err);     /* "" for NULL */
+DLLM_API void dllm_error_free(dllm_error* err);                    /* NULL is a no-op */
+
+/* The library's version ("0.1.0") and the ONNX Runtime it runs on ("1.32.0"). */
+DLLM_API const char* dllm_version(void);
+DLLM_API const char* dllm_onnxruntime_version(void);
+
+/* ---- runtime ------------------------------------------------------------------------------ */
+
+typedef struct dllm_runtime_options {
+  uint32_t struct_size;      /* sizeof(dllm_runtime_options), set by dllm_runtime_options_init */
+  const char* precision;     /* artifact precision variant: "fp32" (NULL = "fp32"), "int8" */
+  int32_t intra_op_threads;  /* ONNX Runtime intra-op threads; 0 = ONNX Runtime's default */
+  int32_t max_beam_width;    /* user cap on W (0 = none); the manifest's max_beam_width applies too */
+  int32_t verify_hashes;     /* 1 (default): check the sha256 of every file the precision needs */
+  int32_t warnings_to_stderr;/* 1 (default): also print warnings (W lowered, ...) on stderr */
+} dllm_runtime_options;
+
+DLLM_API void dllm_runtime_options_init(dllm_runtime_options* opts);
+
+/* Reads and checks manifest.json (schema_version, hashes), the tokenizer, and opens the two
+ * ONNX Runtime sessions. opts may be NULL (defaults). On success *out owns a new runtime. */
+DLLM_API dllm_error* dllm_runtime_create(const char* artifact_dir, const dllm_runtime_options* opts,
+                                         dllm_runtime** out);
+DLLM_API void dllm_runtime_destroy(dllm_runtime* rt); /* NULL is a no-op */
+
+/* Facts from the manifest: the model's longest prompt + generation, and the W cap in force. */
+DLLM_API int32_t dllm_runtime_max_seq(const dllm_runtime* rt);
+DLLM_API int32_t dllm_runtime_max_beam_width(const dllm_runtime* rt);
+
+/* ---- decoding ----------------------------------------------------------------------------- */
+
+typedef struct dllm_decode_config {
+  uint32_t struct_size;    /* sizeof(dllm_decode_config), set by dllm_decode_config_init */
+  const char* strategy;    /* "vanilla" | "threshold" | "spd" */
+  int32_t gen_length;      /* token budget per prompt, rounded up to whole blocks (256) */
+  int32_t block_length;    /* L: positions denoised together (32) */
+  int32_t tokens_per_step; /* vanilla: k tokens committed per step (1) */
+  int32_t steps;           /* vanilla: LLaDA steps over gen_length; 0 = unset (use k) */
+  double threshold;        /* threshold rule tau, and the spd threshold base (0.9) */
+  int32_t beam_width;      /* spd: W drafted block states verified per forward (4) */
+  const char* tree;        /* spd tree preset: "chain" | "binary" | "wide" */
+  const char* select;      /* spd: "lossless" | "threshold" (lossy, dynamic tau) */
+  const char* base;        /* spd lossless: the rule it reproduces, "vanilla" | "threshold" */
+  double draft_tau;        /* spd: threshold that chain drafts use (0.5) */
+  double schedule_init;    /* lossy mode tau: starts at init (0.93), */
+  double schedule_decay;   /*   multiplied by decay per step (0.97), */
+  double schedule_floor;   /*   never below floor (0.85), */
+  int32_t schedule_end_tokens; /* and init again with <= end_tokens masked positions left (2) */
+  const char* cache;       /* "auto" | "exact" | "prefix" ("none" and "dual": not in C++ yet) */
+} dllm_decode_config;
+
+DLLM_API void dllm_decode_config_init(dllm_decode_config* cfg);
+
+/* Decodes one prompt (batch 1). On success *out owns a new result. */
+DLLM_API dllm_error* dllm_runtime_generate(dllm_runtime* rt, const char* prompt, const dllm_decode_config* cfg,
+                                           dllm_result** out);
+
+/* ---- results ------------------------------------------------------------------------------ */
+
+typedef struct dllm_stats {
+  int64_t forwards;             /* model calls, prefill and commits included */
+  int64_t tokens;               /* generated tokens up to and including the first EOS */
+  double tpf;                   /* tokens / forwards */
+  double wall_s;                /* seconds in the decode loop (tokenization excluded) */
+  double tokens_per_s;          /* tokens / wall_s */
+  double backend_s;             /* seconds inside ONNX Runtime's Run calls */
+  int32_t beam_width_used;      /* W after the caps */
+  int32_t beam_width_requested; /* W asked for (1 unless spd) */
+  int32_t finished;             /* 1: stopped at EOS; 0: the token budget ran out */
+} dllm_stats;
+
+DLLM_API void dllm_result_destroy(dllm_result* res); /* NULL is a no-op */
+DLLM_API const char* dllm_result_text(const dllm_result* res);
+DLLM_API const int64_t* dllm_result_token_ids(const dllm_result* res, size_t* count);
+DLLM_API void dllm_result_stats(const dllm_result* res, dllm_stats* out);
+/* counts[s] = verification forwards that accepted s rule steps (counts[0] is always 0). */
+DLLM_API const int64_t* dllm_result_accepted_hist(const dllm_result* res, size_t* count);
+/* Warnings raised by this call ("beam width 8 lowered to 4 ..."), "\n"-separated; "" if none. */
+DLLM_API const char* dllm_result_warnings(const dllm_result* res);
+/* The result as one JSON object, the keys of `dllm-deploy generate --json` plus backend_s. */
+DLLM_API const char* dllm_result_json(const dllm_result* res);
+
+#ifdef __cplusplus
+} /* extern "C" */
+#endif
+
+#endif /* DLLM_DEPLOY_DLLM_H */

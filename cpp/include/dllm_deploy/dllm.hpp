@@ -1,0 +1,153 @@
+// dllm_deploy C++17 wrapper: header-only RAII over the C ABI in dllm.h; failures throw dllm::Error.
+//
+//   dllm::Runtime rt("artifact/");                      // checks manifest + hashes, opens sessions
+//   dllm::DecodeConfig cfg;  cfg.strategy = "spd";      // defaults are the Python ones
+//   dllm::Result r = rt.generate("upper: air\n", cfg);
+//   std::cout << r.text() << " " << r.stats().tpf << "\n";
+#ifndef DLLM_DEPLOY_DLLM_HPP
+#define DLLM_DEPLOY_DLLM_HPP
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "dllm.h"
+
+namespace dllm {
+
+class Error : public std::runtime_error {
+ public:
+  Error(dllm_code code, const std::string& message) : std::runtime_error(message), code_(code) {}
+  dllm_code code() const noexcept { return code_; }
+
+ private:
+  dllm_code code_;
+};
+
+namespace detail {
+inline void check(dllm_error* err) {
+  if (err == nullptr) return;
+  dllm_code code = dllm_error_code(err);
+  std::string message = dllm_error_message(err);
+  dllm_error_free(err);
+  throw Error(code, message);
+}
+struct RuntimeDeleter {
+  void operator()(dllm_runtime* p) const noexcept { dllm_runtime_destroy(p); }
+};
+struct ResultDeleter {
+  void operator()(dllm_result* p) const noexcept { dllm_result_destroy(p); }
+};
+}  // namespace detail
+
+// Loading options; the defaults are dllm_runtime_options_init's.
+struct RuntimeOptions {
+  std::string precision = "fp32";  // artifact precision variant (fp32, int8)
+  int intra_op_threads = 0;        // ONNX Runtime intra-op threads; 0 = its default
+  int max_beam_width = 0;          // user cap on W; 0 = only the manifest's cap
+  bool verify_hashes = true;       // sha256 of every file the precision needs
+  bool warnings_to_stderr = true;  // also print warnings on stderr
+};
+
+// Decoding options, one to one with dllm_decode_config (and Python's DecodeConfig).
+struct DecodeConfig {
+  std::string strategy, tree, select, base, cache;
+  int gen_length, block_length, tokens_per_step, steps, beam_width, schedule_end_tokens;
+  double threshold, draft_tau, schedule_init, schedule_decay, schedule_floor;
+
+  DecodeConfig() {
+    dllm_decode_config c;
+    dllm_decode_config_init(&c);
+    strategy = c.strategy, tree = c.tree, select = c.select, base = c.base, cache = c.cache;
+    gen_length = c.gen_length, block_length = c.block_length, tokens_per_step = c.tokens_per_step;
+    steps = c.steps, beam_width = c.beam_width, schedule_end_tokens = c.schedule_end_tokens;
+    threshold = c.threshold, draft_tau = c.draft_tau, schedule_init = c.schedule_init;
+    schedule_decay = c.schedule_decay, schedule_floor = c.schedule_floor;
+  }
+
+  // The C view; valid while *this is alive and unchanged.
+  dllm_decode_config c_config() const {
+    dllm_decode_config c;
+    dllm_decode_config_init(&c);
+    c.strategy = strategy.c_str(), c.tree = tree.c_str(), c.select = select.c_str();
+    c.base = base.c_str(), c.cache = cache.c_str();
+    c.gen_length = gen_length, c.block_length = block_length, c.tokens_per_step = tokens_per_step;
+    c.steps = steps, c.beam_width = beam_width, c.schedule_end_tokens = schedule_end_tokens;
+    c.threshold = threshold, c.draft_tau = draft_tau, c.schedule_init = schedule_init;
+    c.schedule_decay = schedule_decay, c.schedule_floor = schedule_floor;
+    return c;
+  }
+};
+
+using Stats = dllm_stats;
+
+class Result {
+ public:
+  explicit Result(dllm_result* handle) : h_(handle) {}
+  std::string text() const { return dllm_result_text(h_.get()); }
+  std::vector<int64_t> token_ids() const {
+    size_t n = 0;
+    const int64_t* p = dllm_result_token_ids(h_.get(), &n);
+    return std::vector<int64_t>(p, p + n);
+  }
+  Stats stats() const {
+    Stats s;
+    dllm_result_stats(h_.get(), &s);
+    return s;
+  }
+  // steps accepted per verification -> how many verifications accepted that many
+  std::map<int, int64_t> accepted_hist() const {
+    size_t n = 0;
+    const int64_t* p = dllm_result_accepted_hist(h_.get(), &n);
+    std::map<int, int64_t> out;
+    for (size_t i = 0; i < n; ++i)
+      if (p[i] != 0) out[static_cast<int>(i)] = p[i];
+    return out;
+  }
+  std::string warnings() const { return dllm_result_warnings(h_.get()); }
+  std::string json() const { return dllm_result_json(h_.get()); }
+  const dllm_result* get() const noexcept { return h_.get(); }
+
+ private:
+  std::unique_ptr<dllm_result, detail::ResultDeleter> h_;
+};
+
+class Runtime {
+ public:
+  explicit Runtime(const std::string& artifact_dir, const RuntimeOptions& options = RuntimeOptions()) {
+    dllm_runtime_options o;
+    dllm_runtime_options_init(&o);
+    o.precision = options.precision.c_str();
+    o.intra_op_threads = options.intra_op_threads;
+    o.max_beam_width = options.max_beam_width;
+    o.verify_hashes = options.verify_hashes ? 1 : 0;
+    o.warnings_to_stderr = options.warnings_to_stderr ? 1 : 0;
+    dllm_runtime* h = nullptr;
+    detail::check(dllm_runtime_create(artifact_dir.c_str(), &o, &h));
+    h_.reset(h);
+  }
+
+  Result generate(const std::string& prompt, const DecodeConfig& config = DecodeConfig()) {
+    dllm_decode_config c = config.c_config();
+    dllm_result* r = nullptr;
+    detail::check(dllm_runtime_generate(h_.get(), prompt.c_str(), &c, &r));
+    return Result(r);
+  }
+
+  int max_seq() const { return dllm_runtime_max_seq(h_.get()); }
+  int max_beam_width() const { return dllm_runtime_max_beam_width(h_.get()); }
+  dllm_runtime* get() noexcept { return h_.get(); }
+
+ private:
+  std::unique_ptr<dllm_runtime, detail::RuntimeDeleter> h_;
+};
+
+inline std::string version() { return dllm_version(); }
+inline std::string onnxruntime_version() { return dllm_onnxruntime_version(); }
+
+}  // namespace dllm
+
+#endif  // DLLM_DEPLOY_DLLM_HPP

@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# Build the C++ runtime (library, dllm-generate, dllm-embed):
+#   cpp/scripts/build.sh           -> build/cpp        (Release)
+#   cpp/scripts/build.sh asan      -> build/cpp-asan   (AddressSanitizer, -O1 -g)
+# ONNX Runtime comes from $ONNXRUNTIME_ROOT, else get_onnxruntime.sh provides build/onnxruntime.
+# JOBS (default 2) parallel compile jobs; compiles run at nice 5.
+set -euo pipefail
+
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+repo="$(cd "$here/../.." && pwd)"
+kind="${1:-release}"
+case "$kind" in
+  release) dir="$repo/build/cpp"; flags=(-DCMAKE_BUILD_TYPE=Release -DDLLM_ASAN=OFF) ;;
+  asan) dir="$repo/build/cpp-asan"; flags=(-DCMAKE_BUILD_TYPE=Debug -DCMAKE_CXX_FLAGS_DEBUG="-O1 -g" -DDLLM_ASAN=ON) ;;
+  *) echo "usage: $0 [release|asan]" >&2; exit 2 ;;
+esac
+
+ort="$(bash "$here/get_onnxruntime.sh" | tail -n 1)"
+cmake -S "$repo/cpp" -B "$dir" -DONNXRUNTIME_ROOT="$ort" "${flags[@]}" >/dev/null
+nice -n 5 cmake --build "$dir" -j "${JOBS:-2}"

@@ -1,0 +1,75 @@
+// The decode loop for one prompt (batch 1): a port of dllm_deploy/runtime/loop.py (Decoder._run)
+// that is token-identical to it, counters included.
+//
+// Per block (L positions, all [MASK] at the start), per iteration:
+//     nodes = policy.plan(S, f(S))          # W drafted block states (node 0 = base rule's step)
+//     f(nodes) = verify(nodes)              # ONE forward, W branches under a tree mask
+//     S, f(S) = policy.select(nodes, f)     # as deep as verification allows
+// The prompt prefill is fused with the first block's all-mask forward; when a block is full one
+// fused forward commits its KV and predicts the next block's first state. Every forward counts.
+//
+// Dimension legend: p prompt tokens, L block length, W beam width, P cached positions, K top-k.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "manifest.hpp"
+#include "ort_backend.hpp"
+#include "policy.hpp"
+#include "tokenizer.hpp"
+
+namespace dllm::detail {
+
+struct RowResult {
+  std::string text;
+  std::vector<int64_t> token_ids;
+  int64_t forwards = 0;
+  int64_t tokens = 0;
+  double tpf = 0.0;
+  double wall_s = 0.0;
+  double tokens_per_s = 0.0;
+  double backend_s = 0.0;
+  int beam_width_used = 1;
+  int beam_width_requested = 1;
+  bool finished = false;
+  std::vector<int64_t> accepted_hist;  // [steps] -> verifications that accepted that many
+  std::string warnings;
+
+  std::string to_json() const;  // the keys of `dllm-deploy generate --json` + backend_s
+};
+
+struct EngineOptions {
+  std::string precision = "fp32";
+  int intra_op_threads = 0;
+  int max_beam_width = 0;  // user cap; 0 = none
+  bool verify_hashes = true;
+  bool warnings_to_stderr = true;
+};
+
+class Engine {
+ public:
+  Engine(const std::string& artifact_dir, const EngineOptions& options);
+  RowResult generate(const std::string& prompt, const DecodeOptions& cfg);
+  int max_seq() const { return manifest_.model.max_seq; }
+  int max_beam_width() const { return cap_; }
+
+ private:
+  void run(const std::vector<int64_t>& prompt, const DecodeOptions& cfg, Policy& policy, int n_blocks,
+           RowResult& out);
+
+  Manifest manifest_;
+  EngineOptions options_;
+  int cap_;  // min(manifest max_beam_width, user cap)
+  ByteTokenizer tokenizer_;
+  std::unique_ptr<OrtBackend> backend_;
+  // loop state, sized once per generate (grow-only)
+  std::vector<int64_t> state_;  // (L,)   the block state S
+  std::vector<int64_t> nodes_;  // (W,L)  drafted states
+  std::vector<int64_t> fi_;     // (L,K)  f(S): top ids
+  std::vector<float> fp_;       // (L,K)  f(S): top probabilities
+};
+
+}  // namespace dllm::detail

@@ -1,0 +1,24 @@
+// Internal errors: thrown inside the library, turned into dllm_error objects at the C ABI.
+#pragma once
+
+#include <stdexcept>
+#include <string>
+
+#include "dllm_deploy/dllm.h"
+
+namespace dllm::detail {
+
+class Failure : public std::runtime_error {
+ public:
+  Failure(dllm_code code, const std::string& message) : std::runtime_error(message), code(code) {}
+  dllm_code code;
+};
+
+[[noreturn]] inline void fail(dllm_code code, const std::string& message) { throw Failure(code, message); }
+[[noreturn]] inline void user_error(const std::string& message) { fail(DLLM_ERROR_INVALID_ARGUMENT, message); }
+[[noreturn]] inline void artifact_error(const std::string& message) { fail(DLLM_ERROR_ARTIFACT, message); }
+
+// Python's repr() of a str, for messages that mirror the Python runtime's ('x').
+inline std::string quoted(const std::string& s) { return "'" + s + "'"; }
+
+}  // namespace dllm::detail

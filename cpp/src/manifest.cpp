@@ -1,0 +1,166 @@
+#include "manifest.hpp"
+
+#include <filesystem>
+#include <fstream>
+#include <set>
+#include <sstream>
+
+#include "error.hpp"
+#include "json.hpp"
+#include "sha256.hpp"
+
+namespace dllm::detail {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+bool ends_with(const std::string& s, const std::string& tail) {
+  return s.size() >= tail.size() && s.compare(s.size() - tail.size(), tail.size(), tail) == 0;
+}
+
+class Reader {
+ public:
+  explicit Reader(std::string path) : path_(std::move(path)) {}
+
+  [[noreturn]] void corrupt(const std::string& what) const { artifact_error(path_ + ": corrupt manifest (" + what + ")"); }
+
+  const Json& field(const Json& obj, const char* key, const std::string& where) const {
+    const Json* v = obj.find(key);
+    if (!v) corrupt("no '" + where + "'");
+    return *v;
+  }
+  int integer(const Json& obj, const char* key, const std::string& where) const {
+    const Json& v = field(obj, key, where);
+    if (v.type != Json::Type::Number || !v.integral || v.integer < -(1LL << 31) || v.integer >= (1LL << 31))
+      corrupt("'" + where + "' is not an integer");
+    return static_cast<int>(v.integer);
+  }
+  std::string string(const Json& obj, const char* key, const std::string& where) const {
+    const Json& v = field(obj, key, where);
+    if (v.type != Json::Type::String) corrupt("'" + where + "' is not a string");
+    return v.string;
+  }
+  std::vector<std::string> strings(const Json& obj, const char* key, const std::string& where) const {
+    const Json& v = field(obj, key, where);
+    if (v.type != Json::Type::Array) corrupt("'" + where + "' is not a list");
+    std::vector<std::string> out;
+    for (const Json& x : v.array) {
+      if (x.type != Json::Type::String) corrupt("'" + where + "' holds a non-string");
+      out.push_back(x.string);
+    }
+    return out;
+  }
+  const Json& object(const Json& obj, const char* key, const std::string& where) const {
+    const Json& v = field(obj, key, where);
+    if (!v.is_object()) corrupt("'" + where + "' is not an object");
+    return v;
+  }
+
+ private:
+  std::string path_;
+};
+
+std::string describe(const Json& v) {
+  if (v.type == Json::Type::String) return quoted(v.string);
+  if (v.type == Json::Type::Number) return v.integral ? std::to_string(v.integer) : format_double(v.number);
+  if (v.type == Json::Type::Null) return "None";
+  if (v.type == Json::Type::Bool) return v.boolean ? "True" : "False";
+  return "<non-scalar>";
+}
+
+}  // namespace
+
+Manifest read_manifest(const std::string& folder_in, const std::string& precision, bool verify) {
+  std::string folder = fs::path(folder_in).lexically_normal().string();
+  if (folder.size() > 1 && folder.back() == '/') folder.pop_back();
+  std::error_code ec;
+  if (!fs::is_directory(folder, ec)) artifact_error(folder + ": no such artifact folder");
+  const std::string path = (fs::path(folder) / "manifest.json").string();
+  if (!fs::exists(path, ec)) artifact_error(folder + ": not an artifact (no manifest.json)");
+  std::ifstream in(path, std::ios::binary);
+  if (!in) artifact_error(path + ": cannot be read");
+  std::stringstream ss;
+  ss << in.rdbuf();
+  Json m;
+  try {
+    m = parse_json(ss.str());
+  } catch (const std::runtime_error& e) {
+    artifact_error(path + ": corrupt manifest (" + e.what() + ")");
+  }
+  Reader r(path);
+  if (!m.is_object() || !m.find("schema_version")) r.corrupt("no schema_version");
+  const Json& sv = *m.find("schema_version");
+  if (sv.type != Json::Type::Number || sv.number != kSchemaVersion)
+    artifact_error(path + ": unknown schema_version " + describe(sv) + " (this runtime reads " +
+                   std::to_string(kSchemaVersion) + ")");
+  for (const char* key : {"model", "precisions", "files", "graphs", "tokenizer"})
+    if (!m.find(key)) r.corrupt(std::string("no '") + key + "'");
+
+  const Json& precisions = r.object(m, "precisions", "precisions");
+  const Json* files_of = precisions.find(precision);
+  if (!files_of) {
+    std::set<std::string> have;
+    for (const auto& kv : precisions.object) have.insert(kv.first);
+    std::string list;
+    for (const auto& h : have) list += (list.empty() ? "" : ", ") + h;
+    artifact_error(folder + ": the artifact has no " + quoted(precision) + " variant (it has " + list + ")");
+  }
+  if (!files_of->is_object()) r.corrupt("'precisions." + precision + "' is not an object");
+
+  const Json& files = r.object(m, "files", "files");
+  if (verify) {
+    std::set<std::string> need;
+    for (const auto& kv : files_of->object)
+      if (kv.second.type == Json::Type::String) need.insert(kv.second.string);
+    for (const auto& kv : files.object) {
+      const std::string& rel = kv.first;
+      if (!need.count(rel) && (ends_with(rel, ".onnx") || ends_with(rel, ".bin"))) continue;
+      if (kv.second.type != Json::Type::String) r.corrupt("'files." + rel + "' is not a sha256 string");
+      const std::string f = (fs::path(folder) / rel).string();
+      if (!fs::exists(f, ec)) artifact_error(f + ": missing (listed in the manifest)");
+      std::string digest;
+      if (!sha256_file(f, digest)) artifact_error(f + ": cannot be read");
+      if (digest != kv.second.string) artifact_error(f + ": sha256 mismatch (the file changed after export)");
+    }
+  }
+
+  Manifest out;
+  out.folder = folder;
+  out.precision = precision;
+  const Json& model = r.object(m, "model", "model");
+  out.model.vocab_size = r.integer(model, "vocab_size", "model.vocab_size");
+  out.model.num_layers = r.integer(model, "num_layers", "model.num_layers");
+  out.model.num_kv_heads = r.integer(model, "num_kv_heads", "model.num_kv_heads");
+  out.model.head_dim = r.integer(model, "head_dim", "model.head_dim");
+  out.model.mask_token_id = r.integer(model, "mask_token_id", "model.mask_token_id");
+  out.model.eos_token_id = r.integer(model, "eos_token_id", "model.eos_token_id");
+  out.model.pad_token_id = r.integer(model, "pad_token_id", "model.pad_token_id");
+  out.model.max_seq = r.integer(model, "max_seq", "model.max_seq");
+  out.model.attention = r.string(model, "attention", "model.attention");
+  if (out.model.num_layers < 1 || out.model.num_kv_heads < 1 || out.model.head_dim < 1)
+    r.corrupt("model dimensions must be >= 1");
+  out.topk = r.integer(m, "topk", "topk");
+  if (out.topk < 1) r.corrupt("'topk' must be >= 1");
+  if (m.find("max_beam_width")) out.max_beam_width = r.integer(m, "max_beam_width", "max_beam_width");
+  const Json& tok = r.object(m, "tokenizer", "tokenizer");
+  const Json* kind = tok.find("kind");
+  out.tokenizer_kind = kind && kind->type == Json::Type::String ? kind->string : "";
+  const Json& graphs = r.object(m, "graphs", "graphs");
+  const Json& gp = r.object(graphs, "prefill", "graphs.prefill");
+  const Json& gv = r.object(graphs, "verify", "graphs.verify");
+  out.prefill.inputs = r.strings(gp, "inputs", "graphs.prefill.inputs");
+  out.prefill.outputs = r.strings(gp, "outputs", "graphs.prefill.outputs");
+  out.verify.inputs = r.strings(gv, "inputs", "graphs.verify.inputs");
+  out.verify.outputs = r.strings(gv, "outputs", "graphs.verify.outputs");
+  const size_t n_in = 3 + 2 * static_cast<size_t>(out.model.num_layers);
+  if (out.prefill.inputs.size() != n_in || out.verify.inputs.size() != n_in)
+    r.corrupt("graph inputs are not input_ids, position_ids, attention_mask and 2 past tensors per layer");
+  if (out.prefill.outputs.size() != n_in || out.verify.outputs.size() != 2)
+    r.corrupt("graph outputs are not (logits, top_ids, top_probs, present...) and (top_ids, top_probs)");
+  out.prefill_file = r.string(*files_of, "prefill", "precisions." + precision + ".prefill");
+  out.verify_file = r.string(*files_of, "verify", "precisions." + precision + ".verify");
+  return out;
+}
+
+}  // namespace dllm::detail

@@ -1,0 +1,44 @@
+// manifest.json, the one versioned contract between the exporter and the runtimes (DESIGN §3).
+// Mirrors dllm_deploy/artifact/__init__.py::read_manifest: same checks, same messages.
+#pragma once
+
+#include <string>
+#include <vector>
+
+namespace dllm::detail {
+
+constexpr int kSchemaVersion = 1;
+
+struct ModelConfig {
+  int vocab_size = 0;
+  int num_layers = 0;    // transformer blocks
+  int num_kv_heads = 0;  // Hkv
+  int head_dim = 0;      // D
+  int mask_token_id = 0;
+  int eos_token_id = 0;
+  int pad_token_id = 0;
+  int max_seq = 0;             // longest prompt + generation (tokens)
+  std::string attention;       // "block_causal" | "bidirectional"
+};
+
+struct GraphIO {
+  std::vector<std::string> inputs;   // input_ids, position_ids, attention_mask, past (k0, v0, k1, ...)
+  std::vector<std::string> outputs;  // prefill: logits, top_ids, top_probs, present...; verify: top_ids, top_probs
+};
+
+struct Manifest {
+  std::string folder;
+  std::string precision;
+  ModelConfig model;
+  int topk = 0;              // K: ids/probabilities per position the graphs return
+  int max_beam_width = 8;    // the largest W the export was checked for
+  std::string tokenizer_kind;
+  GraphIO prefill, verify;
+  std::string prefill_file, verify_file;  // paths inside the folder, for this precision
+};
+
+// Reads folder/manifest.json, checks schema_version and (verify) the sha256 of every file the
+// precision needs. Throws Failure(DLLM_ERROR_ARTIFACT) with a one-line message.
+Manifest read_manifest(const std::string& folder, const std::string& precision, bool verify);
+
+}  // namespace dllm::detail

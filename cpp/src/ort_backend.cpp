@@ -1,0 +1,224 @@
+#include "ort_backend.hpp"
+
+#include <onnxruntime_cxx_api.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <deque>
+#include <filesystem>
+#include <mutex>
+#include <vector>
+
+#include "error.hpp"
+
+namespace dllm::detail {
+
+namespace {
+
+const OrtApi* g_api = nullptr;
+
+std::string first_line(const std::string& s, size_t limit = 200) {
+  std::string line = s.substr(0, s.find('\n'));
+  return line.size() > limit ? line.substr(0, limit) : line;
+}
+
+}  // namespace
+
+const char* onnxruntime_version() { return OrtGetApiBase()->GetVersionString(); }
+
+void ensure_onnxruntime_api() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    g_api = OrtGetApiBase()->GetApi(ORT_API_VERSION);
+    if (g_api) Ort::InitApi(g_api);
+  });
+  if (!g_api)
+    fail(DLLM_ERROR_ONNXRUNTIME, std::string("ONNX Runtime ") + onnxruntime_version() + " does not provide C API version " +
+                                     std::to_string(ORT_API_VERSION) + " (dllm_deploy was compiled with the headers of ONNX Runtime 1." +
+                                     std::to_string(ORT_API_VERSION) + "); use a library at least as new as the headers");
+}
+
+struct OrtBackend::Impl {
+  int layers = 0, hkv = 0, d = 0, k = 0;
+  Ort::Env env{nullptr};
+  Ort::Session prefill{nullptr}, verify{nullptr};
+  Ort::MemoryInfo mem{nullptr};
+  Ort::RunOptions run_options{nullptr};
+  std::deque<std::string> name_store;  // stable addresses for the const char* lists
+  std::vector<const char*> prefill_in, prefill_out, verify_in, verify_out;
+
+  size_t cap_tokens = 0, cap_past = 0, cache_len = 0;
+  std::vector<int64_t> ids, pos;
+  std::vector<uint8_t> mask;
+  std::vector<std::vector<float>> past;     // 2 per layer: (Hkv, P, D)
+  std::vector<std::vector<float>> present;  // 2 per layer: (Hkv, P+T, D)
+  std::vector<int64_t> top_i;               // (T, K)
+  std::vector<float> top_p;                 // (T, K)
+  std::vector<Ort::Value> in_values, out_values;
+
+  void add_inputs(size_t t) {
+    const int64_t P = static_cast<int64_t>(cache_len), T = static_cast<int64_t>(t);
+    const int64_t ids_shape[2] = {1, T};
+    const int64_t mask_shape[4] = {1, 1, T, P + T};
+    const int64_t past_shape[4] = {1, hkv, P, d};
+    in_values.clear();
+    in_values.push_back(Ort::Value::CreateTensor(mem, ids.data(), t * sizeof(int64_t), ids_shape, 2,
+                                                 ONNX_TENSOR_ELEMENT_DATA_TYPE_INT64));
+    in_values.push_back(Ort::Value::CreateTensor(mem, pos.data(), t * sizeof(int64_t), ids_shape, 2,
+                                                 ONNX_TENSOR_ELEMENT_DATA_TYPE_INT64));
+    in_values.push_back(Ort::Value::CreateTensor(mem, mask.data(), static_cast<size_t>(T * (P + T)), mask_shape, 4,
+                                                 ONNX_TENSOR_ELEMENT_DATA_TYPE_BOOL));
+    const size_t bytes = static_cast<size_t>(hkv * P * d) * sizeof(float);
+    for (auto& buf : past)
+      in_values.push_back(Ort::Value::CreateTensor(mem, buf.data(), bytes, past_shape, 4,
+                                                   ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT));
+  }
+
+  void add_top_outputs(size_t t) {
+    const int64_t top_shape[3] = {1, static_cast<int64_t>(t), k};
+    out_values.clear();
+    out_values.push_back(Ort::Value::CreateTensor(mem, top_i.data(), t * k * sizeof(int64_t), top_shape, 3,
+                                                  ONNX_TENSOR_ELEMENT_DATA_TYPE_INT64));
+    out_values.push_back(Ort::Value::CreateTensor(mem, top_p.data(), t * k * sizeof(float), top_shape, 3,
+                                                  ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT));
+  }
+
+  void run(Ort::Session& s, const std::vector<const char*>& in, const std::vector<const char*>& out, double& seconds) {
+    auto t0 = std::chrono::steady_clock::now();
+    try {
+      s.Run(run_options, in.data(), in_values.data(), in_values.size(), out.data(), out_values.data(),
+            out_values.size());
+    } catch (const Ort::Exception& e) {
+      fail(DLLM_ERROR_ONNXRUNTIME, "ONNX Runtime run failed: " + first_line(e.what()));
+    }
+    seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  }
+};
+
+namespace {
+
+void check_io(Ort::Session& s, const std::string& graph, const GraphIO& io, bool want_kv_out, const std::string& file) {
+  Ort::AllocatorWithDefaultOptions alloc;
+  auto bad = [&](const std::string& what) { artifact_error(file + ": " + graph + " graph does not match the manifest (" + what + ")"); };
+  if (s.GetInputCount() != io.inputs.size()) bad("input count");
+  for (size_t i = 0; i < io.inputs.size(); ++i) {
+    if (s.GetInputNameAllocated(i, alloc).get() != io.inputs[i]) bad("input " + io.inputs[i]);
+    auto type = s.GetInputTypeInfo(i).GetTensorTypeAndShapeInfo().GetElementType();
+    auto want = i < 2 ? ONNX_TENSOR_ELEMENT_DATA_TYPE_INT64
+                      : i == 2 ? ONNX_TENSOR_ELEMENT_DATA_TYPE_BOOL : ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT;
+    if (type != want) {
+      if (i >= 3) fail(DLLM_ERROR_UNSUPPORTED, file + ": the KV cache is not float32; only fp32 KV (fp32, int8 variants) is supported in C++ yet");
+      bad("type of " + io.inputs[i]);
+    }
+  }
+  if (s.GetOutputCount() != io.outputs.size()) bad("output count");
+  for (size_t i = 0; i < io.outputs.size(); ++i)
+    if (s.GetOutputNameAllocated(i, alloc).get() != io.outputs[i]) bad("output " + io.outputs[i]);
+  // top_ids, top_probs are outputs 1, 2 of prefill and 0, 1 of verify
+  const size_t first = want_kv_out ? 1 : 0;
+  if (s.GetOutputTypeInfo(first).GetTensorTypeAndShapeInfo().GetElementType() != ONNX_TENSOR_ELEMENT_DATA_TYPE_INT64)
+    bad("top_ids is not int64");
+  if (s.GetOutputTypeInfo(first + 1).GetTensorTypeAndShapeInfo().GetElementType() != ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT)
+    fail(DLLM_ERROR_UNSUPPORTED, file + ": top_probs is not float32; only fp32-output graphs are supported in C++ yet");
+}
+
+}  // namespace
+
+OrtBackend::OrtBackend(const Manifest& m, int intra_op_threads) : impl_(new Impl) {
+  ensure_onnxruntime_api();
+  Impl& s = *impl_;
+  s.layers = m.model.num_layers, s.hkv = m.model.num_kv_heads, s.d = m.model.head_dim, s.k = m.topk;
+  namespace fs = std::filesystem;
+  const std::string pfile = (fs::path(m.folder) / m.prefill_file).string();
+  const std::string vfile = (fs::path(m.folder) / m.verify_file).string();
+  try {
+    s.env = Ort::Env(ORT_LOGGING_LEVEL_ERROR, "dllm_deploy");
+    Ort::SessionOptions so;
+    so.SetLogSeverityLevel(3);
+    if (intra_op_threads > 0) so.SetIntraOpNumThreads(intra_op_threads);
+    so.SetGraphOptimizationLevel(GraphOptimizationLevel::ORT_ENABLE_ALL);
+    s.prefill = Ort::Session(s.env, pfile.c_str(), so);
+    s.verify = Ort::Session(s.env, vfile.c_str(), so);
+    s.mem = Ort::MemoryInfo::CreateCpu(OrtArenaAllocator, OrtMemTypeDefault);
+    s.run_options = Ort::RunOptions();
+  } catch (const Ort::Exception& e) {
+    fail(DLLM_ERROR_ONNXRUNTIME, m.folder + ": cannot load the ONNX graphs (" + first_line(e.what()) + ")");
+  }
+  try {
+    check_io(s.prefill, "prefill", m.prefill, true, pfile);
+    check_io(s.verify, "verify", m.verify, false, vfile);
+  } catch (const Ort::Exception& e) {
+    fail(DLLM_ERROR_ONNXRUNTIME, m.folder + ": cannot read the graphs' inputs (" + first_line(e.what()) + ")");
+  }
+  // names: prefill asks for top_ids, top_probs and present (not the full logits)
+  auto keep = [&](const std::string& n) {
+    s.name_store.push_back(n);
+    return s.name_store.back().c_str();
+  };
+  for (const auto& n : m.prefill.inputs) s.prefill_in.push_back(keep(n));
+  for (size_t i = 1; i < m.prefill.outputs.size(); ++i) s.prefill_out.push_back(keep(m.prefill.outputs[i]));
+  for (const auto& n : m.verify.inputs) s.verify_in.push_back(keep(n));
+  for (const auto& n : m.verify.outputs) s.verify_out.push_back(keep(n));
+  s.past.resize(2 * s.layers);
+  s.present.resize(2 * s.layers);
+  s.in_values.reserve(m.prefill.inputs.size());
+  s.out_values.reserve(m.prefill.outputs.size());
+}
+
+OrtBackend::~OrtBackend() = default;
+
+void OrtBackend::reserve(size_t max_tokens, size_t max_past) {
+  Impl& s = *impl_;
+  if (max_tokens <= s.cap_tokens && max_past <= s.cap_past) return;
+  s.cap_tokens = std::max(s.cap_tokens, max_tokens);
+  s.cap_past = std::max(s.cap_past, max_past);
+  const size_t T = s.cap_tokens, P = s.cap_past, row = static_cast<size_t>(s.hkv) * s.d;
+  s.ids.resize(T);
+  s.pos.resize(T);
+  s.mask.resize(T * (P + T));
+  s.top_i.resize(T * s.k);
+  s.top_p.resize(T * s.k);
+  for (auto& b : s.past) b.resize(std::max<size_t>(1, row * P));
+  for (auto& b : s.present) b.resize(row * (P + T));
+}
+
+void OrtBackend::clear_cache() { impl_->cache_len = 0; }
+size_t OrtBackend::cache_length() const { return impl_->cache_len; }
+int OrtBackend::topk() const { return impl_->k; }
+int64_t* OrtBackend::ids() { return impl_->ids.data(); }
+int64_t* OrtBackend::pos() { return impl_->pos.data(); }
+uint8_t* OrtBackend::mask() { return impl_->mask.data(); }
+const int64_t* OrtBackend::top_ids() const { return impl_->top_i.data(); }
+const float* OrtBackend::top_probs() const { return impl_->top_p.data(); }
+
+void OrtBackend::prefill(size_t t, size_t keep) {
+  Impl& s = *impl_;
+  const size_t P = s.cache_len, total = P + t, end = P + keep;
+  if (t > s.cap_tokens || end > s.cap_past || total > s.cap_past + s.cap_tokens)
+    fail(DLLM_ERROR_INTERNAL, "prefill larger than the reserved buffers");
+  s.add_inputs(t);
+  s.add_top_outputs(t);
+  const int64_t present_shape[4] = {1, s.hkv, static_cast<int64_t>(total), s.d};
+  const size_t row = static_cast<size_t>(s.hkv) * s.d;
+  for (auto& buf : s.present)
+    s.out_values.push_back(Ort::Value::CreateTensor(s.mem, buf.data(), row * total * sizeof(float), present_shape, 4,
+                                                    ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT));
+  s.run(s.prefill, s.prefill_in, s.prefill_out, run_seconds);
+  // cache <- present[:, :, :end] per layer, (Hkv, end, D) contiguous
+  const size_t d = static_cast<size_t>(s.d);
+  for (size_t b = 0; b < s.past.size(); ++b)
+    for (int h = 0; h < s.hkv; ++h)
+      std::memcpy(s.past[b].data() + h * end * d, s.present[b].data() + h * total * d, end * d * sizeof(float));
+  s.cache_len = end;
+}
+
+void OrtBackend::verify(size_t t) {
+  Impl& s = *impl_;
+  if (t > s.cap_tokens) fail(DLLM_ERROR_INTERNAL, "verify larger than the reserved buffers");
+  s.add_inputs(t);
+  s.add_top_outputs(t);
+  s.run(s.verify, s.verify_in, s.verify_out, run_seconds);
+}
+
+}  // namespace dllm::detail

@@ -1,0 +1,266 @@
+#include "policy.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+
+#include "error.hpp"
+
+namespace dllm::detail {
+
+double Schedule::tau(int64_t step, int64_t masked_left) const {
+  if (masked_left <= end_tokens) return init;
+  return std::max(floor, init * std::pow(decay, static_cast<double>(step)));
+}
+
+namespace {
+std::string fmt(double v) {
+  // Python's f"{v}" for the error messages below
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%.17g", v);
+  for (int prec = 1; prec <= 17; ++prec) {
+    std::snprintf(buf, sizeof buf, "%.*g", prec, v);
+    if (std::strtod(buf, nullptr) == v) break;
+  }
+  std::string s = buf;
+  if (s.find_first_of(".eEn") == std::string::npos) s += ".0";
+  return s;
+}
+}  // namespace
+
+void validate(const DecodeOptions& c) {
+  if (c.strategy != "vanilla" && c.strategy != "threshold" && c.strategy != "spd")
+    user_error("unknown strategy " + quoted(c.strategy) + " (expected one of vanilla, threshold, spd)");
+  if (c.select != "lossless" && c.select != "threshold")
+    user_error("unknown selection " + quoted(c.select) + " (expected one of lossless, threshold)");
+  if (c.base != "vanilla" && c.base != "threshold")
+    user_error("unknown base rule " + quoted(c.base) + " (expected vanilla or threshold)");
+  if (!(c.threshold > 0.0 && c.threshold <= 1.0)) user_error("threshold must be in (0, 1], got " + fmt(c.threshold));
+  if (c.beam_width < 1) user_error("beam width must be >= 1, got " + std::to_string(c.beam_width));
+  if (c.tokens_per_step < 1) user_error("tokens per step must be >= 1, got " + std::to_string(c.tokens_per_step));
+  if (c.tree != "chain" && c.tree != "binary" && c.tree != "wide")
+    user_error("unknown tree preset " + quoted(c.tree) + " (expected one of chain, binary, wide)");
+  if (c.steps < 0) user_error("steps must be >= 1, got " + std::to_string(c.steps));
+  if (c.block_length < 1 || c.gen_length < 1) user_error("block length and gen length must be >= 1");
+}
+
+TreeSpec make_tree(const std::string& preset, int width) {
+  if (width < 1) user_error("beam width must be >= 1");
+  TreeSpec t;
+  t.parents = {-1};
+  t.kinds = {kChain};
+  auto add = [&](int parent, int kind) {
+    t.parents.push_back(parent);
+    t.kinds.push_back(kind);
+  };
+  if (preset == "chain") {
+    for (int i = 1; i < width; ++i) add(i - 1, kChain);
+  } else if (preset == "binary") {  // each chain node: a chain child and a runner-up child (a leaf)
+    int tip = 0;
+    while (t.width() < width) {
+      add(tip, kChain);
+      int new_tip = t.width() - 1;
+      if (t.width() < width) add(tip, kRunnerUp);
+      tip = new_tip;
+    }
+  } else if (preset == "wide") {  // node 0: chain, runner-up and conservative children; then a chain
+    for (int kind : {kChain, kRunnerUp, kConservative})
+      if (t.width() < width) add(0, kind);
+    int tip = 1;
+    while (t.width() < width) {
+      add(tip, kChain);
+      tip = t.width() - 1;
+    }
+  } else {
+    user_error("unknown tree preset " + quoted(preset) + " (expected one of chain, binary, wide)");
+  }
+  return t;
+}
+
+std::vector<int> node_depths(const TreeSpec& spec) {
+  std::vector<int> d;
+  for (int p : spec.parents) d.push_back(p < 0 ? 0 : d[p] + 1);
+  return d;
+}
+
+int64_t Rule::count(int64_t block_len, int64_t step) const {
+  if (steps == 0) return tokens_per_step;
+  int64_t base = block_len / steps, rem = block_len % steps;
+  return base + (step < rem ? 1 : 0);
+}
+
+Policy::Policy(const DecodeOptions& cfg, int64_t mask_id) : cfg_(cfg), mask_(mask_id), L_(cfg.block_length) {
+  const int64_t blocks = std::max<int64_t>(1, (cfg.gen_length + cfg.block_length - 1) / cfg.block_length);
+  const bool spd = cfg.strategy == "spd";
+  if (cfg.strategy == "vanilla" || (spd && cfg.base == "vanilla" && cfg.select == "lossless")) {
+    rule_.vanilla = true;
+    rule_.tokens_per_step = cfg.tokens_per_step;
+    rule_.steps = cfg.steps == 0 ? 0 : static_cast<int>(std::max<int64_t>(1, cfg.steps / blocks));
+  } else {
+    rule_.vanilla = false;
+    rule_.tau = cfg.threshold;
+  }
+  lossy_ = spd && cfg.select == "threshold";
+  has_draft_tau_ = spd;
+  spec_ = make_tree(spd ? cfg.tree : "chain", spd ? cfg.beam_width : 1);
+  depths_ = node_depths(spec_);
+  children_.assign(spec_.width(), {});
+  for (int i = 0; i < spec_.width(); ++i)
+    if (spec_.parents[i] >= 0) children_[spec_.parents[i]].push_back(i);
+  ranked_.resize(L_);
+  ids1_.resize(L_);
+  truth_.resize(L_);
+  p1_.resize(L_);
+  kids_.reserve(spec_.width());
+  filled_.resize(spec_.width());
+}
+
+bool Policy::has_mask(const int64_t* state) const {
+  for (int i = 0; i < L_; ++i)
+    if (state[i] == mask_) return true;
+  return false;
+}
+
+double Policy::tau_now(int64_t step, const int64_t* state) const {
+  int64_t masked = 0;
+  for (int i = 0; i < L_; ++i) masked += state[i] == mask_;
+  return cfg_.schedule.tau(step, masked);
+}
+
+int Policy::rank_masked(const int64_t* state, const float* probs) {
+  // insertion sort by descending probability: stable, allocation-free (L is small)
+  int n = 0;
+  for (int pos = 0; pos < L_; ++pos) {
+    if (state[pos] != mask_) continue;
+    int j = n++;
+    while (j > 0 && probs[ranked_[j - 1]] < probs[pos]) {
+      ranked_[j] = ranked_[j - 1];
+      --j;
+    }
+    ranked_[j] = pos;
+  }
+  return n;
+}
+
+void Policy::apply(const Rule& rule, const int64_t* state, const int64_t* ids, const float* probs, int64_t step,
+                   int64_t* out) {
+  std::copy(state, state + L_, out);
+  const int n_masked = rank_masked(state, probs);
+  if (n_masked == 0) return;
+  int64_t take;
+  if (rule.vanilla) {
+    take = std::max<int64_t>(1, rule.count(L_, step));
+  } else {
+    const float tau = static_cast<float>(rule.tau);
+    int64_t above = 0;
+    for (int r = 0; r < n_masked; ++r) above += probs[ranked_[r]] >= tau;
+    take = std::max<int64_t>(1, above);
+  }
+  take = std::min<int64_t>(take, n_masked);
+  for (int64_t r = 0; r < take; ++r) out[ranked_[r]] = ids[ranked_[r]];
+}
+
+void Policy::plan(const int64_t* state, const int64_t* top_ids, const float* top_probs, int k, int64_t step,
+                  int64_t* nodes) {
+  for (int i = 0; i < L_; ++i) {
+    ids1_[i] = top_ids[i * k];
+    p1_[i] = top_probs[i * k];
+  }
+  // node 0: the base rule's true next state (lossy mode: Threshold at the scheduled tau)
+  if (lossy_) {
+    Rule now;
+    now.vanilla = false;
+    now.tau = tau_now(step, state);
+    apply(now, state, ids1_.data(), p1_.data(), step, nodes);
+  } else {
+    apply(rule_, state, ids1_.data(), p1_.data(), step, nodes);
+  }
+  // deeper nodes: the draft rule on the stale predictions f(S) (Drafter._step)
+  for (int i = 1; i < spec_.width(); ++i) {
+    const int64_t* parent = nodes + static_cast<size_t>(spec_.parents[i]) * L_;
+    int64_t* child = nodes + static_cast<size_t>(i) * L_;
+    const int64_t dstep = step + depths_[i];
+    std::copy(parent, parent + L_, child);
+    const int n_masked = rank_masked(parent, p1_.data());
+    if (n_masked == 0) continue;
+    int64_t take;
+    if (spec_.kinds[i] == kConservative) {
+      take = 1;
+    } else if (rule_.vanilla) {
+      take = std::max<int64_t>(1, rule_.count(L_, dstep));
+    } else {
+      const float tau = static_cast<float>(has_draft_tau_ ? cfg_.draft_tau : rule_.tau);
+      int64_t above = 0;
+      for (int r = 0; r < n_masked; ++r) above += p1_[ranked_[r]] >= tau;
+      take = std::max<int64_t>(1, above);
+    }
+    take = std::min<int64_t>(take, n_masked);
+    for (int64_t r = 0; r < take; ++r) child[ranked_[r]] = ids1_[ranked_[r]];
+    if (spec_.kinds[i] == kRunnerUp && k > 1) child[ranked_[0]] = top_ids[ranked_[0] * k + 1];
+  }
+}
+
+int Policy::select(const int64_t* nodes, const int64_t* f_ids, const float* f_probs, int k, int64_t step,
+                   int64_t* steps_out) {
+  const size_t L = static_cast<size_t>(L_);
+  int cur = 0;
+  int64_t steps = 1;
+  while (has_mask(nodes + cur * L)) {
+    const std::vector<int>& kids = children_[cur];
+    if (kids.empty()) break;
+    const int64_t* node = nodes + cur * L;
+    const int64_t* fi = f_ids + cur * L * k;   // f(node cur): (L,K)
+    const float* fp = f_probs + cur * L * k;
+    int next = -1;
+    if (lossy_) {
+      const float tau = static_cast<float>(tau_now(step + depths_[cur] + 1, node));
+      // children with more committed positions first (stable: lower index wins ties)
+      kids_.clear();
+      for (int c : kids) {
+        int64_t filled = 0;
+        for (size_t i = 0; i < L; ++i) filled += nodes[c * L + i] != mask_;
+        filled_[c] = filled;
+        size_t j = kids_.size();
+        kids_.push_back(c);
+        while (j > 0 && filled_[kids_[j - 1]] < filled) {
+          kids_[j] = kids_[j - 1];
+          --j;
+        }
+        kids_[j] = c;
+      }
+      for (int c : kids_) {
+        const int64_t* child = nodes + c * L;
+        bool any = false, ok = true;
+        for (size_t i = 0; i < L; ++i) {
+          if (node[i] != mask_ || child[i] == mask_) continue;  // drafted: masked in node, filled in child
+          any = true;
+          if (fi[i * k] != child[i] || !(fp[i * k] >= tau)) ok = false;
+        }
+        if (any && ok) {
+          next = c;
+          break;
+        }
+      }
+    } else {
+      for (size_t i = 0; i < L; ++i) {
+        ids1_[i] = fi[i * k];
+        p1_[i] = fp[i * k];
+      }
+      apply(rule_, node, ids1_.data(), p1_.data(), step + depths_[cur] + 1, truth_.data());
+      for (int c : kids) {
+        if (std::equal(truth_.begin(), truth_.end(), nodes + c * L)) {
+          next = c;
+          break;
+        }
+      }
+    }
+    if (next < 0) break;
+    cur = next;
+    ++steps;
+  }
+  *steps_out = steps;
+  return cur;
+}
+
+}  // namespace dllm::detail

@@ -1,0 +1,103 @@
+// Decoding strategies over one block row: base rules, SPD trees, drafting, selection.
+// A port of dllm_deploy/runtime/{rules,tree,strategies}.py that must stay token-identical:
+//   - masked positions are ranked by probability with a STABLE order (lower position wins ties);
+//   - probabilities are float32 and every tau is compared as float32 (numpy's NEP 50 casts the
+//     Python float to the array's dtype): p >= (float)tau;
+//   - the dynamic schedule computes tau in double: max(floor, init * decay**step).
+// Nothing here allocates after construction: scratch buffers are sized for the block once.
+//
+// Dimension legend: L block length, W beam width (tree nodes), K top-k per position.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace dllm::detail {
+
+struct Schedule {           // SPD's lossy-mode tau ("confidence game", DESIGN §2)
+  double init = 0.93;       // tau at the start of a block and at its tail
+  double decay = 0.97;      // multiplied per rule step
+  double floor = 0.85;      // never lower than this
+  int end_tokens = 2;       // tau = init again with <= end_tokens masked positions left
+  double tau(int64_t step, int64_t masked_left) const;
+};
+
+struct DecodeOptions {      // = Python's DecodeConfig (runtime/strategies.py)
+  std::string strategy = "vanilla";  // vanilla | threshold | spd
+  int gen_length = 256;              // token budget per prompt (rounded up to whole blocks)
+  int block_length = 32;             // L
+  int tokens_per_step = 1;           // vanilla: k per step
+  int steps = 0;                     // vanilla: LLaDA steps over gen_length; 0 = unset (None)
+  double threshold = 0.9;            // threshold rule tau (and the spd threshold base)
+  int beam_width = 4;                // spd: W
+  std::string tree = "chain";        // spd tree preset: chain | binary | wide
+  std::string select = "lossless";   // spd: lossless | threshold
+  std::string base = "vanilla";      // spd lossless base rule: vanilla | threshold
+  double draft_tau = 0.5;            // spd: threshold chain drafts use
+  Schedule schedule;                 // spd lossy mode tau
+  std::string cache = "auto";        // auto | exact | prefix (none, dual: not in C++)
+};
+
+// Mirrors dllm_deploy.runtime.api.decode_config's checks (same messages).
+void validate(const DecodeOptions& cfg);
+
+enum NodeKind { kChain = 0, kRunnerUp = 1, kConservative = 2 };
+
+struct TreeSpec {
+  std::vector<int> parents;  // parents[i]: node i's parent (-1: the current block state S)
+  std::vector<int> kinds;    // NodeKind: how node i is drafted from its parent
+  int width() const { return static_cast<int>(parents.size()); }
+};
+
+TreeSpec make_tree(const std::string& preset, int width);  // chain | binary | wide
+std::vector<int> node_depths(const TreeSpec& spec);
+
+// Vanilla (k most confident per step, or LLaDA's steps schedule) or Threshold (every p >= tau,
+// at least one).
+struct Rule {
+  bool vanilla = true;
+  int tokens_per_step = 1;
+  int steps = 0;       // per block; 0 = None (tokens_per_step every step)
+  double tau = 0.9;
+  int64_t count(int64_t block_len, int64_t step) const;
+};
+
+class Policy {
+ public:
+  Policy(const DecodeOptions& cfg, int64_t mask_id);
+  int width() const { return spec_.width(); }
+
+  // nodes (W,L) <- W drafted states from S = state (L) and f(S) = top_ids/top_probs (L,K).
+  void plan(const int64_t* state, const int64_t* top_ids, const float* top_probs, int k, int64_t step,
+            int64_t* nodes);
+  // f_ids/f_probs (W,L,K) = f(node). Returns the chosen node; *steps = rule steps it represents.
+  int select(const int64_t* nodes, const int64_t* f_ids, const float* f_probs, int k, int64_t step,
+             int64_t* steps);
+
+ private:
+  // out <- rule(state, ids, probs); returns how many positions it committed.
+  void apply(const Rule& rule, const int64_t* state, const int64_t* ids, const float* probs, int64_t step,
+             int64_t* out);
+  int rank_masked(const int64_t* state, const float* probs);  // into ranked_, most confident first
+  double tau_now(int64_t step, const int64_t* state) const;
+  bool has_mask(const int64_t* state) const;
+
+  DecodeOptions cfg_;
+  int64_t mask_;
+  int L_;
+  Rule rule_;
+  bool lossy_;
+  bool has_draft_tau_;
+  TreeSpec spec_;
+  std::vector<int> depths_;
+  std::vector<std::vector<int>> children_;
+  // scratch (sized once)
+  std::vector<int> ranked_;
+  std::vector<int64_t> ids1_, truth_;
+  std::vector<float> p1_;
+  std::vector<int> kids_;
+  std::vector<int64_t> filled_;
+};
+
+}  // namespace dllm::detail

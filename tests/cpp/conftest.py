@@ -1,0 +1,56 @@
+"""Fixtures for the C++ embedding: the release and AddressSanitizer builds, run helpers."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+BUILD_SCRIPT = REPO / "cpp" / "scripts" / "build.sh"
+
+
+def _build(kind: str) -> Path:
+    """cpp/scripts/build.sh (idempotent: a no-op when up to date, as after `make cpp`)."""
+    env = dict(os.environ, PYTHON=sys.executable)
+    r = subprocess.run(["bash", str(BUILD_SCRIPT), kind], check=False, capture_output=True, text=True,
+                       env=env, cwd=REPO)
+    if r.returncode:
+        pytest.fail(f"C++ build ({kind}) failed:\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}")
+    return REPO / "build" / ("cpp" if kind == "release" else "cpp-asan")
+
+
+@pytest.fixture(scope="session")
+def cpp_build() -> Path:
+    return _build("release")
+
+
+@pytest.fixture(scope="session")
+def cpp_asan_build() -> Path:
+    return _build("asan")
+
+
+def run_generate(build: Path, *args: str, env: dict | None = None, timeout: float = 300) -> subprocess.CompletedProcess:
+    return subprocess.run([str(build / "dllm-generate"), *args], check=False, capture_output=True, text=True,
+                          timeout=timeout, env={**os.environ, **(env or {})})
+
+
+def flags(options: dict) -> list[str]:
+    """decode options -> dllm-generate flags (beam_width=4 -> --beam-width 4)."""
+    out: list[str] = []
+    for k, v in options.items():
+        out += [f"--{k.replace('_', '-')}", str(v)]
+    return out
+
+
+def generate_many(build: Path, artifact, prompts: list[str], options: dict, tmp_path: Path, extra=()) -> list[dict]:
+    """All prompts in one dllm-generate process (--prompts-file, JSON lines)."""
+    pfile = tmp_path / "prompts.jsonl"
+    pfile.write_text("".join(json.dumps(p) + "\n" for p in prompts))
+    r = run_generate(build, "--artifact", str(artifact), "--prompts-file", str(pfile), "--json",
+                     *flags(options), *extra)
+    assert r.returncode == 0, r.stderr
+    return [json.loads(line) for line in r.stdout.splitlines()]

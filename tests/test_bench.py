@@ -1,0 +1,106 @@
+"""`dllm-deploy bench` / `report`: the JSON's structure and invariants (never speed), the tuner's
+rules on a hand-made result, the overlay it writes, the plots and the generated markdown."""
+import json
+
+import pytest
+import yaml
+
+from dllm_deploy import bench, report
+from dllm_deploy.cli import main
+from dllm_deploy.errors import UserError
+
+
+@pytest.fixture(scope="module")
+def bench_run(tiny_artifact, tmp_path_factory):
+    d = tmp_path_factory.mktemp("bench")
+    out, overlay, plots = d / "bench.json", d / "tuned.yaml", d / "plots"
+    rc = main(["bench", "--artifact", str(tiny_artifact[0]), "--strategies", "vanilla,threshold,spd", "--beam-widths", "1,2",
+               "--tasks", "upper,count", "--n", "1", "--repeats", "2", "--gen-length", "32", "--json", str(out),
+               "--tune", "--tune-out", str(overlay), "--plots", str(plots), "--quiet"])
+    assert rc == 0
+    return json.loads(out.read_text()), out, overlay, plots
+
+
+def test_bench_json_structure(bench_run):
+    d = bench_run[0]
+    assert {"machine", "versions", "profile", "runs", "ratios", "forward_cost", "targets", "tune"} <= set(d)
+    labels = [r["label"] for r in d["runs"]]
+    for be in ("ort", "torch"):
+        assert f"{be}:vanilla no-cache" in labels and f"{be}:threshold tau0.9" in labels
+        assert f"{be}:spd W2 lossless/vanilla" in labels and f"{be}:spd W2 threshold tau0.9" in labels
+    for r in d["runs"]:
+        assert r["repeats"] == 2
+        assert r["tokens_per_s_min"] <= r["tokens_per_s"] <= r["tokens_per_s_max"]
+        assert 0.0 <= r["loop_overhead"] <= 1.0 and r["time_per_forward_ms"] > 0
+        assert r["tpf"] == pytest.approx(r["tokens"] / r["forwards"])
+        assert r["beam_width_used"] == (r["beam_width"] if r["strategy"] == "spd" else 1)
+        assert r["memory_estimate_mb"] > 0
+        assert (r["modelled_tokens_per_s_memory_bound"] is None) == (r["cache"] == "none")
+    by = {r["label"]: r for r in d["runs"]}
+    # the same strategy on both backends decodes the same number of tokens
+    assert by["ort:spd W2 lossless/vanilla"]["tokens"] == by["torch:spd W2 lossless/vanilla"]["tokens"]
+    # LLaDA's no-cache vanilla and the cached lossless SPD W1 commit the same tokens, one per forward
+    assert by["ort:vanilla no-cache"]["tpf"] <= 1.0
+    assert "ort:spd W2 lossless/vanilla / torch" in d["ratios"]
+    # memory estimate grows with W; forward cost curve covers every width, per backend
+    assert by["ort:spd W2 lossless/vanilla"]["memory_estimate_mb"] > by["ort:threshold tau0.9"]["memory_estimate_mb"]
+    for be in ("ort", "torch"):
+        assert [x["beam_width"] for x in d["forward_cost"][be]] == [1, 2]
+        assert all(x["ms_min"] <= x["ms"] <= x["ms_max"] for x in d["forward_cost"][be])
+    assert len(d["targets"]) >= 4 and all({"target", "goal", "measured", "met"} <= set(t) for t in d["targets"])
+
+
+def test_tune_never_slower_than_threshold_and_overlay_loads(bench_run):
+    d, _, overlay, _ = bench_run
+    by = {r["label"]: r for r in d["runs"]}
+    pick, base = by[d["tune"]["pick"]], by[d["tune"]["baseline"]]
+    assert pick["backend"] == "ort" and pick["tokens_per_s"] >= base["tokens_per_s"]
+    raw = yaml.safe_load(overlay.read_text())
+    from dllm_deploy.profiles import parse_profile
+    prof = parse_profile(raw, str(overlay))
+    assert prof.decode["beam_width"] == pick["beam_width_used"]
+    assert raw["tuned"]["pick"] == pick["label"]
+
+
+def _run(label, strategy, tps, acc, w=1, select="lossless", base="vanilla", tau=0.9):
+    return {"label": label, "backend": "ort", "strategy": strategy, "tokens_per_s": tps, "accuracy": acc,
+            "beam_width": w, "beam_width_used": w, "select": select, "base": base, "threshold": tau, "tree": "chain",
+            "cache": "auto"}
+
+
+def test_tune_rules():
+    runs = [_run("thr", "threshold", 100.0, 0.8), _run("fast-bad", "spd", 300.0, 0.5, w=8),
+            _run("fast-ok", "spd", 150.0, 0.79, w=4), _run("slow", "spd", 90.0, 0.9, w=2)]
+    t = bench.tune({"runs": runs}, quality_budget=0.02)
+    assert t["pick"]["label"] == "fast-ok"          # fastest within the accuracy budget
+    t = bench.tune({"runs": runs}, quality_budget=0.0)
+    assert t["pick"]["label"] == "thr"              # nothing within budget beats the baseline: keep it
+    with pytest.raises(UserError, match="threshold baseline"):
+        bench.tune({"runs": runs[1:]})
+
+
+def test_report_markdown_and_plots(bench_run, tmp_path):
+    d, path, _, _ = bench_run
+    doc = tmp_path / "docs" / "BENCHMARKS.md"
+    rc = main(["report", str(path), "--out", str(doc), "--plots", str(tmp_path / "plots")])
+    assert rc == 0
+    text = doc.read_text()
+    for r in d["runs"]:
+        assert f"| {r['label']} |" in text
+    assert "## Targets" in text and "modelled" in text
+    pngs = sorted((tmp_path / "plots").glob("*.png"))
+    assert [p.stem for p in pngs] == sorted(report.PLOTS)
+    assert all(p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" for p in pngs)
+    assert all(f"]({'../plots/' + p.name})" in text for p in pngs)   # links relative to the doc
+
+
+def test_report_rejects_non_bench_json(tmp_path):
+    bad = tmp_path / "x.json"
+    bad.write_text('{"a": 1}')
+    assert main(["report", str(bad)]) == 2
+
+
+def test_bench_bad_input(tiny_artifact):
+    assert main(["bench", "--artifact", str(tiny_artifact[0]), "--strategies", "nope", "--quiet"]) == 2
+    assert main(["bench", "--artifact", str(tiny_artifact[0]), "--tasks", "nope", "--quiet"]) == 2
+    assert main(["bench", "--artifact", str(tiny_artifact[0]), "--beam-widths", "64", "--strategies", "spd", "--quiet"]) == 2
