@@ -222,7 +222,7 @@ def _peak_memory(artifact: str, widths, block_length: int, prefix: int) -> dict[
 def run_bench(artifact: str, backends=("torch", "ort"), strategies=("vanilla", "threshold", "spd"),
               beam_widths=(1, 2, 4, 8), thresholds=(0.9,), families=None, n: int = 5, repeats: int = 3,
               gen_length: int = 256, tree: str = "chain", batch_size: int = 1, cost_repeats: int = 5,
-              memory: bool = False, progress=None) -> dict:
+              memory: bool = False, device: str = "cpu", progress=None) -> dict:
     from .evals import tasks
     from .evals.harness import run_eval
     from .profiles.memory import estimate_bytes
@@ -241,7 +241,7 @@ def run_bench(artifact: str, backends=("torch", "ort"), strategies=("vanilla", "
         if be == "ort":
             runtimes[be] = ort_rt
         elif be == "torch":
-            runtimes[be] = Runtime.load(model=ort_rt.backend.manifest.get("source", "tiny"), device="cpu")
+            runtimes[be] = Runtime.load(model=ort_rt.backend.manifest.get("source", "tiny"), device=device)
         elif be == "cpp":
             if batch_size != 1:
                 raise UserError("backend 'cpp' decodes one prompt at a time: use --batch-size 1")
@@ -313,7 +313,7 @@ def run_bench(artifact: str, backends=("torch", "ort"), strategies=("vanilla", "
                      "memory_peak_mb": peak.get(w) if c.backend in ("ort", "cpp") else None})
     out = {"machine": machine_facts(), "versions": versions(), "profile": {"name": prof.name, "reasons": reasons},
            "artifact": str(artifact), "families": list(families), "prompts_per_family": n, "repeats": repeats,
-           "gen_length": gen_length, "batch_size": batch_size, "block_length": L, "tree": tree,
+           "gen_length": gen_length, "batch_size": batch_size, "block_length": L, "tree": tree, "torch_device": device,
            "forward_cost": cost, "runs": runs}
     out["ratios"] = ratios(runs)
     out["targets"] = targets(out)

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 from pathlib import Path
 
@@ -154,13 +153,14 @@ def cmd_bench(a) -> int:
     bar = _progress(total, "bench", sys.stderr.isatty() and not a.quiet)
     res = run_bench(a.artifact, backends, strategies, widths, taus, families, n=a.n, repeats=a.repeats,
                     gen_length=a.gen_length, tree=a.tree, batch_size=a.batch_size, memory=a.memory,
-                    cost_repeats=3 if a.quick else 5, progress=bar)
+                    cost_repeats=3 if a.quick else 5, device=a.device, progress=bar)
     if a.tune:
         from .profiles import get_profile
         t = tune(res, backend="ort" if "ort" in backends else backends[0], quality_budget=a.quality_budget)
         prof, _, _ = get_profile("auto")
         overlay = overlay_profile(t, prof, a.json)
-        path = Path(a.tune_out) if a.tune_out else _user_profile_dir() / f"{overlay['name']}.yaml"
+        from .profiles import user_profile_dir
+        path = Path(a.tune_out) if a.tune_out else user_profile_dir() / f"{overlay['name']}.yaml"
         _write_yaml(path, overlay)
         res["tune"] = {"pick": t["pick"]["label"], "baseline": t["baseline"]["label"],
                        "speedup_vs_threshold": t["speedup_vs_threshold"], "quality_budget": a.quality_budget,
@@ -191,13 +191,6 @@ def cmd_bench(a) -> int:
     if a.tune:
         print(f"tuned: {res['tune']['pick']} ({res['tune']['speedup_vs_threshold']:.2f}x threshold) -> {res['tune']['overlay']}")
     return 0
-
-
-def _user_profile_dir() -> Path:
-    env = os.environ.get("DLLM_DEPLOY_PROFILES")
-    if env and not env.endswith((".yaml", ".yml")):
-        return Path(env)
-    return Path(os.environ.get("XDG_CONFIG_HOME", Path.home() / ".config")) / "dllm-deploy" / "profiles"
 
 
 def _write_yaml(path: Path, data: dict) -> None:
@@ -246,7 +239,7 @@ def cmd_profiles(a) -> int:
     out = {"profile": prof.name, "source": prof.source, "facts": facts, "reasons": reasons,
            "backends": prof.backends, "precision": prof.precision, "decode": prof.decode, "device": prof.device,
            "memory": {"free_gb": free / 2**30, "free_from": where, "budget_gb": budget / 2**30, **prof.memory},
-           "candidates": others}
+           "candidates": others, "tuned": prof.tuned}
     if a.json:
         print(json.dumps(out))
     else:
@@ -259,6 +252,11 @@ def cmd_profiles(a) -> int:
         if others:
             print(f"  did not match: {sum(c['score'] is None for c in others)} other profiles")
         print(f"backends: {' > '.join(prof.backends)}; precision {prof.precision}; decode {prof.decode}")
+        if prof.tuned:
+            t = prof.tuned
+            print(f"decode defaults from `bench --tune` ({t.get('date', '?')}, on top of {t.get('base_profile', '?')}): "
+                  f"{t.get('pick', '?')}, {t.get('speedup_vs_threshold', '?')}x the threshold baseline; "
+                  f"measurements in {t.get('from', '?')}")
         print(f"memory budget: {prof.memory.get('fraction', 0.5)} x {free / 2**30:.1f} GB free ({where}) "
               f"- {prof.memory.get('reserve_mb', 512)} MB = {budget / 2**30:.1f} GB")
     return 0
@@ -348,6 +346,7 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--repeats", type=int, default=3, help="interleaved repeats (medians reported)")
     b.add_argument("--gen-length", type=int, default=256, help="token budget per prompt")
     b.add_argument("--tree", default="chain", help="spd tree preset (chain | binary | wide)")
+    b.add_argument("--device", default="cpu", help="device of the torch backend (cpu, cuda)")
     b.add_argument("--batch-size", type=int, default=1, help="prompts decoded together (1: per-request latency)")
     b.add_argument("--memory", action="store_true", help="also measure ORT peak memory per beam width (subprocesses)")
     b.add_argument("--quick", action="store_true", help="2 tasks x 1 prompt, 2 repeats, W=4, gen length 64: a smoke run")

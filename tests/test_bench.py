@@ -104,3 +104,22 @@ def test_bench_bad_input(tiny_artifact):
     assert main(["bench", "--artifact", str(tiny_artifact[0]), "--strategies", "nope", "--quiet"]) == 2
     assert main(["bench", "--artifact", str(tiny_artifact[0]), "--tasks", "nope", "--quiet"]) == 2
     assert main(["bench", "--artifact", str(tiny_artifact[0]), "--beam-widths", "64", "--strategies", "spd", "--quiet"]) == 2
+
+
+def test_tuned_overlay_is_used_and_explained(bench_run, tiny_artifact, tmp_path, monkeypatch, capsys):
+    d, _, overlay, _ = bench_run
+    folder = tmp_path / "profiles"
+    folder.mkdir()
+    (folder / overlay.name).write_text(overlay.read_text())
+    monkeypatch.setenv("DLLM_DEPLOY_PROFILES", str(folder))
+    raw = yaml.safe_load(overlay.read_text())
+    assert main(["profiles", "explain", "auto"]) == 0
+    out = capsys.readouterr().out
+    assert f"profile {raw['name']}" in out and "bench --tune" in out and raw["tuned"]["pick"] in out
+    from dllm_deploy import Runtime
+    rt = Runtime.load(artifact=str(tiny_artifact[0]))
+    assert rt.profile.name == raw["name"]
+    cfg = rt.decode_config()                       # no options given: the overlay's defaults
+    assert (cfg.strategy, cfg.beam_width, cfg.threshold) == (raw["decode"]["strategy"], raw["decode"]["beam_width"],
+                                                            raw["decode"]["threshold"])
+    assert rt.decode_config(beam_width=1).beam_width == 1   # an explicit option still wins

@@ -26,7 +26,7 @@ const char* kUsage =
     "usage: dllm-generate --artifact DIR (--prompt TEXT | --prompts-file FILE) [--strategy vanilla|threshold|spd]\n"
     "                     [--gen-length N] [--block-length L] [--tokens-per-step K] [--steps S]\n"
     "                     [--beam-width W] [--max-beam-width W] [--tree chain|binary|wide] [--threshold TAU]\n"
-    "                     [--select lossless|threshold] [--base vanilla|threshold] [--cache auto|exact|prefix]\n"
+    "                     [--select lossless|threshold] [--base vanilla|threshold] [--cache auto|none|exact|prefix|dual]\n"
     "                     [--precision fp32|int8] [--threads N] [--no-verify] [--json]\n";
 
 struct UsageError {

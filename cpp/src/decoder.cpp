@@ -25,21 +25,24 @@ bool any_mask(const int64_t* tokens, int n, int64_t mask_id) {
   return std::find(tokens, tokens + n, mask_id) != tokens + n;
 }
 
-std::string resolve_cache(const std::string& mode, const std::string& attention) {
+}  // namespace
+
+CacheMode resolve_cache(const std::string& mode, const std::string& attention, int width) {
   if (mode != "none" && mode != "prefix" && mode != "dual" && mode != "exact" && mode != "auto")
     user_error("unknown cache mode " + quoted(mode) + " (expected one of none, prefix, dual, exact, auto)");
-  if (mode == "auto") return attention == "block_causal" ? "exact" : "prefix";
-  if (mode == "exact" && attention != "block_causal")
+  const bool block_causal = attention == "block_causal";
+  if (mode == "auto") return block_causal ? CacheMode::kExact : CacheMode::kPrefix;
+  if (mode == "exact" && !block_causal)
     user_error("cache mode 'exact' needs a block-causal model; use 'prefix' or 'none' for a bidirectional one");
-  if (mode == "dual")
-    fail(DLLM_ERROR_UNSUPPORTED, "cache mode 'dual' is not implemented yet; use 'prefix' (or 'auto')");
-  if (mode == "none")
-    fail(DLLM_ERROR_UNSUPPORTED, "cache mode 'none' is not supported in C++ yet; use 'auto', 'exact' or 'prefix'");
-  if (mode == "prefix" && attention == "block_causal") return "exact";
-  return mode;
+  if (mode == "none" && !block_causal && width > 1)
+    user_error("cache mode 'none' on a bidirectional model verifies one branch per forward: use beam width 1, "
+               "'prefix' or 'dual'");
+  // for a block-causal model the prefix cache is exact and there is no suffix to cache
+  if ((mode == "prefix" || mode == "dual") && block_causal) return CacheMode::kExact;
+  if (mode == "none") return CacheMode::kNone;
+  if (mode == "exact") return CacheMode::kExact;
+  return mode == "prefix" ? CacheMode::kPrefix : CacheMode::kDual;
 }
-
-}  // namespace
 
 std::string RowResult::to_json() const {
   std::string o = "{\"text\": ";
@@ -95,7 +98,7 @@ RowResult Engine::generate(const std::string& prompt, const DecodeOptions& cfg_i
     if (options_.warnings_to_stderr) std::fprintf(stderr, "dllm: warning: %s\n", out.warnings.c_str());
   }
   cfg.beam_width = width;
-  resolve_cache(cfg.cache, mc.attention);  // exact and prefix run the same mechanics here
+  const CacheMode mode = resolve_cache(cfg.cache, mc.attention, width);  // width = the Policy's
   const int L = cfg.block_length;
   const int n_blocks = static_cast<int>((static_cast<int64_t>(cfg.gen_length) + L - 1) / L);
   std::vector<int64_t> encoded = tokenizer_.encode(prompt);
@@ -108,7 +111,7 @@ RowResult Engine::generate(const std::string& prompt, const DecodeOptions& cfg_i
 
   const double backend0 = backend_->run_seconds;
   const auto t0 = std::chrono::steady_clock::now();
-  run(encoded, cfg, policy, n_blocks, out);
+  run(encoded, cfg, policy, n_blocks, mode, out);
   const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 
   out.text = tokenizer_.decode(out.token_ids);
@@ -122,44 +125,154 @@ RowResult Engine::generate(const std::string& prompt, const DecodeOptions& cfg_i
   return out;
 }
 
+// One forward over the whole canvas (loop.py::_Batch.refresh): [prefix | block | suffix], or
+// [prefix | suffix | block] in mode dual, every token attending every token. none: the verify
+// graph over an empty cache; prefix / dual: a fresh cache keeps the KV of the prefix (and the
+// suffix). fi/fp (L,K) <- f(block).
+void Engine::refresh(const int64_t* block, int64_t block_base, size_t suffix_len, int64_t* fi, float* fp) {
+  OrtBackend& be = *backend_;
+  const size_t P = prefix_.size(), L = L_, S = suffix_len, N = P + L + S, K = K_;
+  const bool dual = mode_ == CacheMode::kDual;
+  int64_t* ids = be.ids();
+  int64_t* pos = be.pos();
+  for (size_t i = 0; i < P; ++i) ids[i] = prefix_[i], pos[i] = static_cast<int64_t>(i);
+  const size_t at = dual ? P + S : P, suffix_at = dual ? P : P + L;  // where the block / suffix sit
+  for (size_t j = 0; j < L; ++j) ids[at + j] = block[j], pos[at + j] = block_base + static_cast<int64_t>(j);
+  for (size_t j = 0; j < S; ++j)
+    ids[suffix_at + j] = mask_id_, pos[suffix_at + j] = block_base + static_cast<int64_t>(L + j);
+  be.clear_cache();
+  std::fill(be.mask(), be.mask() + N * N, uint8_t{1});  // batch 1: no padding, every key is valid
+  if (mode_ == CacheMode::kNone)
+    be.verify(N);
+  else
+    be.prefill(N, P + (dual ? S : 0));  // dual: the cache is [prefix | suffix]
+  std::copy(be.top_ids() + at * K, be.top_ids() + (at + L) * K, fi);
+  std::copy(be.top_probs() + at * K, be.top_probs() + (at + L) * K, fp);
+}
+
+// f(node) for the W drafted block states of a bidirectional model in one forward
+// (loop.py::_Batch.verify_canvas): prefix mode, each branch = [node | suffix] over the prefix
+// cache; dual, each branch = [node] over the prefix + suffix cache; none (W = 1), the whole canvas.
+// vi_/vp_ <- (W,L,K).
+void Engine::verify_canvas(int64_t block_base, size_t suffix_len) {
+  OrtBackend& be = *backend_;
+  const size_t L = L_, W = W_, K = K_;
+  if (mode_ == CacheMode::kNone) {  // resolve_cache allows W = 1 only
+    refresh(nodes_.data(), block_base, suffix_len, vi_.data(), vp_.data());
+    return;
+  }
+  const size_t S = mode_ == CacheMode::kDual ? 0 : suffix_len, G = L + S, T = W * G;
+  const size_t P = be.cache_length(), cols = P + T;
+  int64_t* ids = be.ids();
+  int64_t* pos = be.pos();
+  uint8_t* mask = be.mask();
+  for (size_t w = 0; w < W; ++w)
+    for (size_t j = 0; j < G; ++j) {
+      ids[w * G + j] = j < L ? nodes_[w * L + j] : mask_id_;
+      pos[w * G + j] = block_base + static_cast<int64_t>(j);  // the suffix follows the block
+    }
+  for (size_t r = 0; r < T; ++r) {
+    uint8_t* row = mask + r * cols;
+    std::fill(row, row + P, uint8_t{1});  // the cached prefix (and, dual, suffix)
+    for (size_t c = 0; c < T; ++c) row[P + c] = r / G == c / G;
+  }
+  be.verify(T);
+  for (size_t w = 0; w < W; ++w) {
+    std::copy(be.top_ids() + w * G * K, be.top_ids() + (w * G + L) * K, vi_.begin() + w * L * K);
+    std::copy(be.top_probs() + w * G * K, be.top_probs() + (w * G + L) * K, vp_.begin() + w * L * K);
+  }
+}
+
+// A block-causal forward over the new tokens the caller put at ids/pos [off, off+t) with their
+// mask rows [off, off+t) (columns: the prefix, then the t new tokens). exact: they follow the
+// cache (off = 0), prefill keeps the KV of the first `keep`, verify (keep = 0) keeps nothing.
+// none (loop.py::_Batch.forward without a cache): the prefix is recomputed in front of them
+// (off = its length) with the verify graph: it attends itself block-causally (a block attends
+// its own and earlier blocks) and never the new tokens. top_ids/top_probs rows [off, off+t).
+void Engine::forward_block_causal(size_t t, size_t keep) {
+  OrtBackend& be = *backend_;
+  if (mode_ != CacheMode::kNone) {
+    if (keep)
+      be.prefill(t, keep);
+    else
+      be.verify(t);
+    return;
+  }
+  const size_t off = blk_.size(), cols = off + t;
+  int64_t* ids = be.ids();
+  int64_t* pos = be.pos();
+  uint8_t* mask = be.mask();
+  for (size_t i = 0; i < off; ++i) ids[i] = prefix_[i], pos[i] = static_cast<int64_t>(i);
+  for (size_t r = 0; r < off; ++r) {
+    uint8_t* row = mask + r * cols;
+    for (size_t c = 0; c < off; ++c) row[c] = blk_[c] <= blk_[r] || c == r;
+    std::fill(row + off, row + cols, uint8_t{0});
+  }
+  be.verify(cols);
+}
+
 void Engine::run(const std::vector<int64_t>& prompt, const DecodeOptions& cfg, Policy& policy, int n_blocks,
-                 RowResult& out) {
+                 CacheMode mode, RowResult& out) {
   const int64_t m = manifest_.model.mask_token_id, eos = manifest_.model.eos_token_id;
   const size_t L = static_cast<size_t>(cfg.block_length), W = static_cast<size_t>(policy.width());
-  const size_t p = prompt.size();
+  const size_t p = prompt.size(), nb = static_cast<size_t>(n_blocks), N = p + nb * L;
+  const bool bidi = manifest_.model.attention != "block_causal";  // the canvas carries the suffix
+  const bool none = mode == CacheMode::kNone;
   OrtBackend& be = *backend_;
   const size_t K = static_cast<size_t>(be.topk());
+  mode_ = mode, L_ = L, W_ = W, K_ = K, mask_id_ = m;
 
-  // every buffer sized once: the largest call is the fused prefill (p+L), a verification (W*L)
-  // or a commit (2L); the cache never holds more than the prompt and the committed blocks
-  be.reserve(std::max({p + L, W * L, 2 * L}), p + static_cast<size_t>(n_blocks) * L);
+  // every buffer sized once (max_tokens new tokens over max_past cached, prefills within
+  // max_present). Block-causal: the fused prefill (p+L), a verification (W*L) or a commit (2L),
+  // over a cache of at most the prompt and the committed blocks (none: that prefix comes in front
+  // of the new tokens, nothing is cached). Bidirectional: the canvas N per refresh (none: per
+  // step), prefix-mode branches W*(L+S) with S up to (n_blocks-1)*L, dual ones W*L, over a cache
+  // of at most N-L (the prefix, dual: and the suffix).
+  if (bidi)
+    be.reserve(std::max(N, W * (mode == CacheMode::kPrefix ? nb * L : L)), none ? 0 : N - L, none ? 0 : N);
+  else if (none)
+    be.reserve(N - L + std::max(W * L, 2 * L), 0, 0);
+  else
+    be.reserve(std::max({p + L, W * L, 2 * L}), N, N);
   state_.resize(L);
   nodes_.resize(W * L);
   fi_.resize(L * K);
   fp_.resize(L * K);
+  vi_.resize(W * L * K);
+  vp_.resize(W * L * K);
+  prefix_.assign(prompt.begin(), prompt.end());
+  prefix_.reserve(N);  // grows by a block per commit: reserved, so the loop allocates nothing
+  blk_.clear();
+  blk_.reserve(N);
   out.accepted_hist.assign(W + 2, 0);
-  out.token_ids.reserve(static_cast<size_t>(n_blocks) * L);
+  out.token_ids.reserve(nb * L);
   be.clear_cache();
   int64_t* ids = be.ids();
   int64_t* pos = be.pos();
   uint8_t* mask = be.mask();
-
-  // prefill fused with the first block's all-mask forward: [prompt | L masks]
-  // mask (T,T): the prompt attends the prompt; the block attends everything
-  size_t T = p + L;
-  for (size_t i = 0; i < p; ++i) ids[i] = prompt[i], pos[i] = static_cast<int64_t>(i);
-  for (size_t j = 0; j < L; ++j) ids[p + j] = m, pos[p + j] = static_cast<int64_t>(p + j);
-  for (size_t r = 0; r < T; ++r)
-    for (size_t c = 0; c < T; ++c) mask[r * T + c] = r >= p || c < p;
-  be.prefill(T, p);
-  std::copy(be.top_ids() + p * K, be.top_ids() + T * K, fi_.begin());
-  std::copy(be.top_probs() + p * K, be.top_probs() + T * K, fp_.begin());
-  out.forwards = 1;
   std::fill(state_.begin(), state_.end(), m);
+
+  if (bidi) {  // one forward over the canvas [prompt | L masks | suffix of masks]
+    refresh(state_.data(), static_cast<int64_t>(p), (nb - 1) * L, fi_.data(), fp_.data());
+  } else {
+    // prefill fused with the first block's all-mask forward: [prompt | L masks]
+    // mask (T,T): the prompt attends the prompt; the block attends everything
+    const size_t T = p + L;
+    for (size_t i = 0; i < p; ++i) ids[i] = prompt[i], pos[i] = static_cast<int64_t>(i);
+    for (size_t j = 0; j < L; ++j) ids[p + j] = m, pos[p + j] = static_cast<int64_t>(p + j);
+    for (size_t r = 0; r < T; ++r)
+      for (size_t c = 0; c < T; ++c) mask[r * T + c] = r >= p || c < p;
+    forward_block_causal(T, p);  // none: no prefix yet, so the same inputs through verify
+    std::copy(be.top_ids() + p * K, be.top_ids() + T * K, fi_.begin());
+    std::copy(be.top_probs() + p * K, be.top_probs() + T * K, fp_.begin());
+    if (none) blk_.assign(p, 0);  // the prompt is block 0 of the prefix
+  }
+  out.forwards = 1;
 
   const int n = static_cast<int>(L);
   for (int blk = 0; blk < n_blocks; ++blk) {
     const int64_t base = static_cast<int64_t>(p) + static_cast<int64_t>(blk) * n;  // first position of the block
+    const size_t suffix = bidi ? (nb - static_cast<size_t>(blk) - 1) * L : 0;    // masks after the block
     int64_t step = 0;                                                             // rule steps taken
     bool ended = false;                                                           // EOS reached
     for (;;) {
@@ -170,24 +283,31 @@ void Engine::run(const std::vector<int64_t>& prompt, const DecodeOptions& cfg, P
         break;
       }
       if (!any_mask(state_.data(), n, m)) break;
-      // verify: W branches at positions base..base+L-1; each attends the prefix and its own L
-      const size_t P = be.cache_length();
-      T = W * L;
-      const size_t cols = P + T;
-      for (size_t i = 0; i < T; ++i) ids[i] = nodes_[i], pos[i] = base + static_cast<int64_t>(i % L);
-      for (size_t r = 0; r < T; ++r) {
-        uint8_t* row = mask + r * cols;
-        std::fill(row, row + P, 1);
-        for (size_t c = 0; c < T; ++c) row[P + c] = r / L == c / L;
+      const int64_t* vi;
+      const float* vp;
+      if (bidi) {
+        verify_canvas(base, suffix);
+        vi = vi_.data(), vp = vp_.data();
+      } else {
+        // verify: W branches at positions base..base+L-1; each attends the prefix and its own L
+        const size_t off = none ? blk_.size() : 0, P = none ? off : be.cache_length();
+        const size_t T = W * L, cols = P + T;
+        for (size_t i = 0; i < T; ++i) ids[off + i] = nodes_[i], pos[off + i] = base + static_cast<int64_t>(i % L);
+        for (size_t r = 0; r < T; ++r) {
+          uint8_t* row = mask + (off + r) * cols;
+          std::fill(row, row + P, uint8_t{1});
+          for (size_t c = 0; c < T; ++c) row[P + c] = r / L == c / L;
+        }
+        forward_block_causal(T, 0);
+        vi = be.top_ids() + off * K, vp = be.top_probs() + off * K;
       }
-      be.verify(T);
       int64_t steps = 0;
-      const int cur = policy.select(nodes_.data(), be.top_ids(), be.top_probs(), static_cast<int>(K), step, &steps);
+      const int cur = policy.select(nodes_.data(), vi, vp, static_cast<int>(K), step, &steps);
       out.forwards += 1;
       out.accepted_hist[static_cast<size_t>(steps)] += 1;
       std::copy(nodes_.begin() + cur * n, nodes_.begin() + (cur + 1) * n, state_.begin());
-      std::copy(be.top_ids() + cur * L * K, be.top_ids() + (cur + 1) * L * K, fi_.begin());
-      std::copy(be.top_probs() + cur * L * K, be.top_probs() + (cur + 1) * L * K, fp_.begin());
+      std::copy(vi + cur * L * K, vi + (cur + 1) * L * K, fi_.begin());
+      std::copy(vp + cur * L * K, vp + (cur + 1) * L * K, fp_.begin());
       step += steps;
       if (finished_at(state_.data(), n, m, eos) >= 0) {
         ended = true;
@@ -200,23 +320,34 @@ void Engine::run(const std::vector<int64_t>& prompt, const DecodeOptions& cfg, P
     if (stop >= 0) out.finished = true;
     if (blk == n_blocks - 1 || ended) break;
 
+    if (bidi) {
+      // the finished block joins the prefix; one forward over the canvas refreshes the cache
+      prefix_.insert(prefix_.end(), state_.begin(), state_.end());
+      std::fill(state_.begin(), state_.end(), m);
+      refresh(state_.data(), base + n, suffix - L, fi_.data(), fp_.data());
+      out.forwards += 1;
+      continue;
+    }
     // commit the full block fused with the next block's all-mask forward: [block | L masks]
     // mask (2L, P+2L): the prefix, then block-causal between the two blocks
-    const size_t P = be.cache_length();
-    T = 2 * L;
-    const size_t cols = P + T;
+    const size_t off = none ? blk_.size() : 0, P = none ? off : be.cache_length();
+    const size_t T = 2 * L, cols = P + T;
     for (size_t i = 0; i < T; ++i) {
-      ids[i] = i < L ? state_[i] : m;
-      pos[i] = base + static_cast<int64_t>(i);
+      ids[off + i] = i < L ? state_[i] : m;
+      pos[off + i] = base + static_cast<int64_t>(i);
     }
     for (size_t r = 0; r < T; ++r) {
-      uint8_t* row = mask + r * cols;
-      std::fill(row, row + P, 1);
+      uint8_t* row = mask + (off + r) * cols;
+      std::fill(row, row + P, uint8_t{1});
       for (size_t c = 0; c < T; ++c) row[P + c] = c / L <= r / L;
     }
-    be.prefill(T, L);
-    std::copy(be.top_ids() + L * K, be.top_ids() + T * K, fi_.begin());
-    std::copy(be.top_probs() + L * K, be.top_probs() + T * K, fp_.begin());
+    forward_block_causal(T, L);
+    std::copy(be.top_ids() + (off + L) * K, be.top_ids() + (off + T) * K, fi_.begin());
+    std::copy(be.top_probs() + (off + L) * K, be.top_probs() + (off + T) * K, fp_.begin());
+    if (none) {  // the block joins the prefix as block blk+1 (the prompt is block 0)
+      prefix_.insert(prefix_.end(), state_.begin(), state_.end());
+      blk_.insert(blk_.end(), L, static_cast<int64_t>(blk) + 1);
+    }
     out.forwards += 1;
     std::fill(state_.begin(), state_.end(), m);
   }

@@ -5,10 +5,17 @@
 //     nodes = policy.plan(S, f(S))          # W drafted block states (node 0 = base rule's step)
 //     f(nodes) = verify(nodes)              # ONE forward, W branches under a tree mask
 //     S, f(S) = policy.select(nodes, f)     # as deep as verification allows
-// The prompt prefill is fused with the first block's all-mask forward; when a block is full one
-// fused forward commits its KV and predicts the next block's first state. Every forward counts.
+// Block-causal models: the prompt prefill is fused with the first block's all-mask forward; when
+// a block is full one fused forward commits its KV and predicts the next block's first state
+// (cache `exact`; `none` recomputes the prefix in every forward with the verify graph).
+// Bidirectional models (LLaDA, Dream): every forward sees the whole canvas
+// [prefix | block | suffix of masks for the remaining blocks]; at each block start one forward
+// over the canvas refreshes the cache (`prefix`: the prefix KV; `dual`: the prefix and suffix
+// KV, the suffix ordered before the block); `none` runs the whole canvas at every step (W = 1).
+// Every forward counts.
 //
-// Dimension legend: p prompt tokens, L block length, W beam width, P cached positions, K top-k.
+// Dimension legend: p prompt tokens, L block length, W beam width, P cached positions, K top-k,
+// S suffix tokens, N = p + n_blocks * L the whole canvas.
 #pragma once
 
 #include <cstdint>
@@ -49,6 +56,11 @@ struct EngineOptions {
   bool warnings_to_stderr = true;
 };
 
+enum class CacheMode { kNone, kExact, kPrefix, kDual };
+
+// loop.py::resolve_cache (the same messages): the mode a model and beam width W run under.
+CacheMode resolve_cache(const std::string& mode, const std::string& attention, int width);
+
 class Engine {
  public:
   Engine(const std::string& artifact_dir, const EngineOptions& options);
@@ -58,7 +70,12 @@ class Engine {
 
  private:
   void run(const std::vector<int64_t>& prompt, const DecodeOptions& cfg, Policy& policy, int n_blocks,
-           RowResult& out);
+           CacheMode mode, RowResult& out);
+  // bidirectional models (loop.py::_Batch.refresh / verify_canvas)
+  void refresh(const int64_t* block, int64_t block_base, size_t suffix_len, int64_t* fi, float* fp);
+  void verify_canvas(int64_t block_base, size_t suffix_len);
+  // block-causal models: one forward over the t new tokens the caller put in ids/pos/mask
+  void forward_block_causal(size_t t, size_t keep);
 
   Manifest manifest_;
   EngineOptions options_;
@@ -66,10 +83,17 @@ class Engine {
   ByteTokenizer tokenizer_;
   std::unique_ptr<OrtBackend> backend_;
   // loop state, sized once per generate (grow-only)
-  std::vector<int64_t> state_;  // (L,)   the block state S
-  std::vector<int64_t> nodes_;  // (W,L)  drafted states
-  std::vector<int64_t> fi_;     // (L,K)  f(S): top ids
-  std::vector<float> fp_;       // (L,K)  f(S): top probabilities
+  CacheMode mode_ = CacheMode::kExact;
+  size_t L_ = 0, W_ = 1, K_ = 1;
+  int64_t mask_id_ = 0;
+  std::vector<int64_t> state_;   // (L,)   the block state S
+  std::vector<int64_t> nodes_;   // (W,L)  drafted states
+  std::vector<int64_t> fi_;      // (L,K)  f(S): top ids
+  std::vector<float> fp_;        // (L,K)  f(S): top probabilities
+  std::vector<int64_t> vi_;      // (W,L,K) f(nodes): top ids
+  std::vector<float> vp_;        // (W,L,K) f(nodes): top probabilities
+  std::vector<int64_t> prefix_;  // prompt + committed blocks (canvas prefix; block-causal `none`)
+  std::vector<int64_t> blk_;     // block id of each prefix token (block-causal `none`; prompt = 0)
 };
 
 }  // namespace dllm::detail

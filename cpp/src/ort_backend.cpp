@@ -48,7 +48,7 @@ struct OrtBackend::Impl {
   std::deque<std::string> name_store;  // stable addresses for the const char* lists
   std::vector<const char*> prefill_in, prefill_out, verify_in, verify_out;
 
-  size_t cap_tokens = 0, cap_past = 0, cache_len = 0;
+  size_t cap_tokens = 0, cap_past = 0, cap_present = 0, cache_len = 0;
   std::vector<int64_t> ids, pos;
   std::vector<uint8_t> mask;
   std::vector<std::vector<float>> past;     // 2 per layer: (Hkv, P, D)
@@ -168,11 +168,12 @@ OrtBackend::OrtBackend(const Manifest& m, int intra_op_threads) : impl_(new Impl
 
 OrtBackend::~OrtBackend() = default;
 
-void OrtBackend::reserve(size_t max_tokens, size_t max_past) {
+void OrtBackend::reserve(size_t max_tokens, size_t max_past, size_t max_present) {
   Impl& s = *impl_;
-  if (max_tokens <= s.cap_tokens && max_past <= s.cap_past) return;
+  if (max_tokens <= s.cap_tokens && max_past <= s.cap_past && max_present <= s.cap_present) return;
   s.cap_tokens = std::max(s.cap_tokens, max_tokens);
   s.cap_past = std::max(s.cap_past, max_past);
+  s.cap_present = std::max(s.cap_present, max_present);
   const size_t T = s.cap_tokens, P = s.cap_past, row = static_cast<size_t>(s.hkv) * s.d;
   s.ids.resize(T);
   s.pos.resize(T);
@@ -180,7 +181,7 @@ void OrtBackend::reserve(size_t max_tokens, size_t max_past) {
   s.top_i.resize(T * s.k);
   s.top_p.resize(T * s.k);
   for (auto& b : s.past) b.resize(std::max<size_t>(1, row * P));
-  for (auto& b : s.present) b.resize(row * (P + T));
+  for (auto& b : s.present) b.resize(std::max<size_t>(1, row * s.cap_present));
 }
 
 void OrtBackend::clear_cache() { impl_->cache_len = 0; }
@@ -195,7 +196,7 @@ const float* OrtBackend::top_probs() const { return impl_->top_p.data(); }
 void OrtBackend::prefill(size_t t, size_t keep) {
   Impl& s = *impl_;
   const size_t P = s.cache_len, total = P + t, end = P + keep;
-  if (t > s.cap_tokens || end > s.cap_past || total > s.cap_past + s.cap_tokens)
+  if (t > s.cap_tokens || P > s.cap_past || end > s.cap_past || total > s.cap_present)
     fail(DLLM_ERROR_INTERNAL, "prefill larger than the reserved buffers");
   s.add_inputs(t);
   s.add_top_outputs(t);
@@ -215,7 +216,7 @@ void OrtBackend::prefill(size_t t, size_t keep) {
 
 void OrtBackend::verify(size_t t) {
   Impl& s = *impl_;
-  if (t > s.cap_tokens) fail(DLLM_ERROR_INTERNAL, "verify larger than the reserved buffers");
+  if (t > s.cap_tokens || s.cache_len > s.cap_past) fail(DLLM_ERROR_INTERNAL, "verify larger than the reserved buffers");
   s.add_inputs(t);
   s.add_top_outputs(t);
   s.run(s.verify, s.verify_in, s.verify_out, run_seconds);

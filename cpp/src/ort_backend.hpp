@@ -33,8 +33,9 @@ class OrtBackend {
   OrtBackend& operator=(const OrtBackend&) = delete;
 
   // Grow (never shrink) the buffers for calls of up to max_tokens new tokens over a cache of up
-  // to max_past positions. Called once per generate, before the loop.
-  void reserve(size_t max_tokens, size_t max_past);
+  // to max_past positions, and prefills whose cache + new tokens stay within max_present.
+  // Called once per generate, before the loop.
+  void reserve(size_t max_tokens, size_t max_past, size_t max_present);
   void clear_cache();
   size_t cache_length() const;
   int topk() const;

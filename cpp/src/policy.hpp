@@ -36,7 +36,7 @@ struct DecodeOptions {      // = Python's DecodeConfig (runtime/strategies.py)
   std::string base = "vanilla";      // spd lossless base rule: vanilla | threshold
   double draft_tau = 0.5;            // spd: threshold chain drafts use
   Schedule schedule;                 // spd lossy mode tau
-  std::string cache = "auto";        // auto | exact | prefix (none, dual: not in C++)
+  std::string cache = "auto";        // auto | none | exact | prefix | dual (loop.py::resolve_cache)
 };
 
 // Mirrors dllm_deploy.runtime.api.decode_config's checks (same messages).

@@ -107,9 +107,22 @@ def parse_profile(raw: dict, source: str) -> Profile:
                    **{k: v for k, v in raw.items() if k != "description"})
 
 
+def user_profile_dir() -> Path:
+    """Where user profiles (and `bench --tune` overlays) live: DLLM_DEPLOY_PROFILES when it names a
+    folder, else $XDG_CONFIG_HOME/dllm-deploy/profiles (~/.config/...)."""
+    env = os.environ.get("DLLM_DEPLOY_PROFILES")
+    if env and not env.endswith((".yaml", ".yml")):
+        return Path(env)
+    return Path(os.environ.get("XDG_CONFIG_HOME") or Path.home() / ".config") / "dllm-deploy" / "profiles"
+
+
 def load_profiles(extra: str | Path | None = None) -> dict[str, Profile]:
+    """Bundled profiles, then the user's (``extra``, else DLLM_DEPLOY_PROFILES, else the user
+    profile folder when it exists); a user profile of the same name replaces a bundled one."""
     paths = sorted(BUNDLED.glob("*.yaml"))
     user = extra or os.environ.get("DLLM_DEPLOY_PROFILES")
+    if not user and user_profile_dir().is_dir():
+        user = user_profile_dir()
     if user:
         u = Path(user)
         if not u.exists():

@@ -4,8 +4,12 @@ Per block (L positions, all [MASK] at the start), per iteration:
     nodes = policy.plan(S, f(S))           # W drafted block states (node 0 = base rule's step)
     f(nodes) = backend.verify(nodes)       # ONE forward, W branches under a tree mask
     S, f(S) = policy.select(nodes, f)      # as deep as verification allows
-When a block is full: one fused forward commits its KV and predicts the next block's first
-state; the prompt prefill is fused the same way with the first block. Every forward counts.
+When a block is full (block-causal model): one fused forward commits its KV and predicts the
+next block's first state; the prompt prefill is fused the same way with the first block. For a
+bidirectional model (LLaDA, Dream) every forward carries the whole canvas [prefix | block | suffix
+of masks]: one forward over it at each block start refreshes the cache (`prefix`: prefix KV;
+`dual`: prefix and suffix KV), and in mode `none` every step recomputes it (LLaDA's generate).
+Every forward counts.
 
 Rows of a batch move block by block in lockstep; a row whose block is full waits for the
 others (its results are ignored and it is not charged the forward); a finished row (EOS with
@@ -54,12 +58,10 @@ def resolve_cache(mode: str, attention: str, width: int) -> str:
         return "exact" if attention == "block_causal" else "prefix"
     if mode == "exact" and attention != "block_causal":
         raise UserError("cache mode 'exact' needs a block-causal model; use 'prefix' or 'none' for a bidirectional one")
-    if mode == "dual":
-        raise UserError("cache mode 'dual' is not implemented yet; use 'prefix' or 'none'")
     if mode == "none" and attention != "block_causal" and width > 1:
-        raise UserError("cache mode 'none' on a bidirectional model verifies one branch per forward: use beam width 1 or 'prefix'")
-    if mode == "prefix" and attention == "block_causal":
-        return "exact"  # for a block-causal model the prefix cache is exact
+        raise UserError("cache mode 'none' on a bidirectional model verifies one branch per forward: use beam width 1, 'prefix' or 'dual'")
+    if mode in ("prefix", "dual") and attention == "block_causal":
+        return "exact"  # for a block-causal model the prefix cache is exact and there is no suffix to cache
     return mode
 
 
@@ -80,6 +82,7 @@ class _Batch:
         self.rows = np.arange(b)                                      # original row of each live row
         self.cache = backend.new_cache(b, capacity) if mode != "none" else None
         self.prefix_len = 0                                           # P: tokens already in prefix
+        self.suffix_len = 0                                           # dual: suffix KV after the prefix
 
     def keep(self, live: np.ndarray) -> None:
         idx = np.flatnonzero(live)
@@ -122,6 +125,62 @@ class _Batch:
                 self._extend(new_ids[:, :keep], new_pos[:, :keep], new_blk[:, :keep])
             self.prefix_len += keep
         return out
+
+    # -- bidirectional models: the whole canvas [prefix | block | suffix of masks] (LLaDA) --------
+
+    def _canvas(self, parts):
+        """Concatenate (ids, pos) parts after the prefix; key validity for all of them."""
+        ids = np.concatenate([self.ids] + [x for x, _ in parts], axis=1)
+        pos = np.concatenate([self.pos] + [y for _, y in parts], axis=1)
+        n_new = ids.shape[1] - self.ids.shape[1]
+        valid = np.concatenate([self.valid, np.ones((len(ids), n_new), dtype=bool)], axis=1)
+        return ids, pos, valid
+
+    @staticmethod
+    def _full_mask(valid: np.ndarray) -> np.ndarray:
+        """(B,1,S,S): every token attends every valid token; left-pad tokens attend themselves."""
+        s = valid.shape[1]
+        return (valid[:, None, :] | np.eye(s, dtype=bool)[None])[:, None]
+
+    def refresh(self, block, block_pos, suffix, suffix_pos):
+        """At a block's start (and, in mode ``none``, at every step): one forward over the whole
+        canvas. ``prefix`` keeps the prefix KV (Fast-dLLM's prefix cache, refreshed per block);
+        ``dual`` keeps the prefix and suffix KV (the suffix is ordered before the block so one
+        ``keep`` covers both; RoPE positions, not order, place it). Returns f(block) (B,L,K)."""
+        b, p = self.ids.shape
+        L, s = block.shape[1], suffix.shape[1]
+        parts = [(suffix, suffix_pos), (block, block_pos)] if self.mode == "dual" else [(block, block_pos), (suffix, suffix_pos)]
+        ids, pos, valid = self._canvas(parts)
+        mask = self._full_mask(valid)
+        at = p + s if self.mode == "dual" else p
+        if self.mode == "none":
+            top_i, top_p = self.backend.verify(self.backend.new_cache(b, ids.shape[1]), ids, pos, mask)
+        else:
+            self.cache = self.backend.new_cache(b, ids.shape[1])
+            top_i, top_p = self.backend.prefill(self.cache, ids, pos, mask, p + (s if self.mode == "dual" else 0))
+            self.suffix_len = s if self.mode == "dual" else 0
+        return top_i[:, at:at + L], top_p[:, at:at + L]
+
+    def verify_canvas(self, nodes, block_pos, suffix, suffix_pos):
+        """f(node) for W block states (B,W,L) of a bidirectional model, in one forward."""
+        b, w, L = nodes.shape
+        if self.mode == "none":                          # W = 1: the whole canvas, nothing cached
+            return tuple(x[:, None] for x in self.refresh(nodes[:, 0], block_pos, suffix, suffix_pos))
+        s = 0 if self.mode == "dual" else suffix.shape[1]  # prefix mode: every branch carries the suffix
+        g = L + s
+        ids = np.concatenate([nodes, np.broadcast_to(suffix[:, None, :s], (b, w, s))], axis=2).reshape(b, w * g)
+        pos = np.tile(np.concatenate([block_pos, suffix_pos[:, :s]], axis=1), (1, w))
+        p = self.cache.length
+        pre = np.concatenate([self.valid, np.ones((b, self.suffix_len), dtype=bool)], axis=1)[:, None, None, :p]
+        new = np.kron(np.eye(w, dtype=bool), np.ones((g, g), dtype=bool))
+        mask = np.concatenate([np.broadcast_to(pre, (b, 1, w * g, p)), np.broadcast_to(new, (b, 1, w * g, w * g))], axis=-1)
+        top_i, top_p = self.backend.verify(self.cache, ids, pos, mask)
+        k = top_i.shape[-1]
+        return (top_i.reshape(b, w, g, k)[:, :, :L], top_p.reshape(b, w, g, k)[:, :, :L])
+
+    def commit_block(self, block, block_pos):
+        """A finished block joins the prefix (its KV is rebuilt by the next refresh)."""
+        self._extend(block, block_pos, np.zeros_like(block))
 
     def _extend(self, ids, pos, blk):
         self.ids = np.concatenate([self.ids, ids], axis=1)
@@ -210,15 +269,25 @@ class Decoder:
         tree_new = np.kron(np.eye(w, dtype=bool), np.ones((L, L), dtype=bool))     # (W*L, W*L)
         ar = np.arange(L)
 
+        bidi = c.attention != "block_causal"   # LLaDA / Dream: the canvas carries the suffix of masks
+
+        def suffix_of(blk_i, base_):
+            s_len = (n_blocks - blk_i - 1) * L if bidi else 0
+            return (np.full((len(base_), s_len), m, dtype=np.int64),
+                    base_[:, None] + L + np.arange(s_len))
+
         # prefill fused with the first block's all-mask forward
         b = n
         state = np.full((b, L), m, dtype=np.int64)                                   # (B,L)
         p = batch.ids.shape[1]
-        new_ids = np.concatenate([batch.ids, state], axis=1)
-        new_pos = np.concatenate([batch.pos, batch.prompt_len[:, None] + ar], axis=1)
-        new_blk = np.zeros_like(new_ids)
-        fi, fp = batch.forward(new_ids, new_pos, _prompt_mask(batch.valid, L), new_blk, keep=p)
-        fi, fp = fi[:, p:], fp[:, p:]                                                # (B,L,K)
+        if bidi:
+            fi, fp = batch.refresh(state, batch.prompt_len[:, None] + ar, *suffix_of(0, batch.prompt_len))
+        else:
+            new_ids = np.concatenate([batch.ids, state], axis=1)
+            new_pos = np.concatenate([batch.pos, batch.prompt_len[:, None] + ar], axis=1)
+            new_blk = np.zeros_like(new_ids)
+            fi, fp = batch.forward(new_ids, new_pos, _prompt_mask(batch.valid, L), new_blk, keep=p)
+            fi, fp = fi[:, p:], fp[:, p:]                                            # (B,L,K)
         for s in stats:
             s["forwards"] += 1
 
@@ -241,11 +310,14 @@ class Decoder:
                 need = ~done
                 if not need.any():
                     break
-                vi, vp = batch.forward(nodes.reshape(b, w * L), np.tile(base[:, None] + ar, (1, w)),
-                                       np.broadcast_to(tree_new, (b, w * L, w * L)),
-                                       None, keep=0)
-                vi = vi.reshape(b, w, L, -1)
-                vp = vp.reshape(b, w, L, -1)
+                if bidi:
+                    vi, vp = batch.verify_canvas(nodes, base[:, None] + ar, *suffix_of(blk, base))
+                else:
+                    vi, vp = batch.forward(nodes.reshape(b, w * L), np.tile(base[:, None] + ar, (1, w)),
+                                           np.broadcast_to(tree_new, (b, w * L, w * L)),
+                                           None, keep=0)
+                    vi = vi.reshape(b, w, L, -1)
+                    vp = vp.reshape(b, w, L, -1)
                 for r in np.flatnonzero(need):
                     cur, steps = policy.select(nodes[r], vi[r], vp[r], int(step[r]))
                     st = stats[batch.rows[r]]
@@ -273,6 +345,13 @@ class Decoder:
             b = len(batch.rows)
             base = batch.prompt_len + blk * L
             nxt = np.full((b, L), m, dtype=np.int64)
+            if bidi:   # the finished block joins the prefix; one forward over the canvas refreshes the cache
+                batch.commit_block(state, base[:, None] + ar)
+                fi, fp = batch.refresh(nxt, base[:, None] + L + ar, *suffix_of(blk + 1, base + L))
+                for row in batch.rows:
+                    stats[row]["forwards"] += 1
+                state = nxt
+                continue
             ids2 = np.concatenate([state, nxt], axis=1)
             pos2 = np.concatenate([base[:, None] + ar, base[:, None] + L + ar], axis=1)
             blk2 = np.full_like(ids2, blk + 1)

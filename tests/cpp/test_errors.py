@@ -50,6 +50,7 @@ def bad_artifacts(tiny_artifact, tmp_path_factory):
     out["missing-file"] = clone("missing-file")
     (out["missing-file"] / "weights.bin").unlink()
     out["hf"] = clone("hf", edit=lambda m: m.update(tokenizer={"kind": "hf", "file": "tokenizer.json"}))
+    out["bidi"] = clone("bidi", edit=lambda m: m["model"].update(attention="bidirectional"))
     out["good"] = good
     return out
 
@@ -71,7 +72,10 @@ CASES = {
     "unknown tree": ("good", ["--strategy", "spd", "--tree", "bushy"], "unknown tree preset 'bushy'", True),
     "threshold out of range": ("good", ["--threshold", "1.5"], "threshold must be in (0, 1]", True),
     "absent precision": ("good", ["--precision", "fp16"], "has no 'fp16' variant (it has fp32, int8)", True),
-    "cache none": ("good", ["--cache", "none"], "cache mode 'none' is not supported in C++ yet", False),
+    "unknown cache mode": ("good", ["--cache", "full"], "unknown cache mode 'full'", True),
+    "cache exact, bidirectional": ("bidi", ["--cache", "exact"], "cache mode 'exact' needs a block-causal model", True),
+    "cache none, bidirectional, W 4": ("bidi", ["--cache", "none", "--strategy", "spd"],
+                                       "verifies one branch per forward", True),
     "bad number": ("good", ["--gen-length", "many"], "invalid int value", False),
     "unknown flag": ("good", ["--temperature", "0"], "unrecognized argument", False),
 }

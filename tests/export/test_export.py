@@ -133,3 +133,11 @@ def test_export_of_each_layout_passes_parity(layout_checkpoint, tmp_path):
     rep = export(folder, tmp_path / f"{layout}-art", max_beam_width=2, log=lambda m: None)
     d = rep["parity"]["fp32"]["max_abs_diff"]
     assert d["prefill_logits"] <= 1e-4 and d["prefill_kv"] <= 1e-4 and d["verify_probs"] <= 1e-4
+    if layout != "block_causal":
+        # the bidirectional canvas (prefix | block | suffix) through the exported graphs, each cache mode
+        from dllm_deploy import Runtime
+        rt = Runtime.load(artifact=str(tmp_path / f"{layout}-art"))
+        for kw in ({"strategy": "vanilla", "cache": "none"}, {"strategy": "spd", "beam_width": 2, "cache": "prefix"},
+                   {"strategy": "spd", "beam_width": 2, "cache": "dual"}):
+            r = rt.generate("upper: ab cd\n", gen_length=64, block_length=32, **kw)[0]
+            assert r.tokens == len(r.token_ids) > 0 and r.forwards > 0, kw

@@ -95,7 +95,8 @@ typedef struct dllm_decode_config {
   double schedule_decay;   /*   multiplied by decay per step (0.97), */
   double schedule_floor;   /*   never below floor (0.85), */
   int32_t schedule_end_tokens; /* and init again with <= end_tokens masked positions left (2) */
-  const char* cache;       /* "auto" | "exact" | "prefix" ("none" and "dual": not in C++ yet) */
+  const char* cache;       /* "auto" | "none" | "exact" | "prefix" | "dual" (auto: exact for a
+                              block-causal model, prefix for a bidirectional one) */
 } dllm_decode_config;
 
 DLLM_API void dllm_decode_config_init(dllm_decode_config* cfg);

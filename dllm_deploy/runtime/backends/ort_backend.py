@@ -74,6 +74,9 @@ class OrtBackend:
         self.kv_dtype = np.float16 if "float16" in inp[3].type else np.float32
         self.names = manifest["graphs"]
         self.past_names = self.names["prefill"]["inputs"][3:]
+        # the decode loop never needs prefill's full logits (B,T,V): not fetching them lets ONNX
+        # Runtime free them as an intermediate instead of returning T*V floats per call
+        self.prefill_fetch = [n for n in self.names["prefill"]["outputs"] if n != "logits"]
 
     def new_cache(self, batch: int, capacity: int) -> OrtCache:
         c = self.config
@@ -89,12 +92,12 @@ class OrtBackend:
         return feeds
 
     def prefill(self, cache, ids, pos, mask, keep: int):
-        outs = self.sessions["prefill"].run(None, self._feeds(cache, ids, pos, mask))
-        top_i, top_p = outs[1], outs[2]
+        outs = self.sessions["prefill"].run(self.prefill_fetch, self._feeds(cache, ids, pos, mask))
+        top_i, top_p = outs[0], outs[1]
         end = cache.length + keep
-        full = outs[3].shape[2] == end
+        full = outs[2].shape[2] == end
         for i in range(self.config.num_layers):
-            k, v = outs[3 + 2 * i], outs[4 + 2 * i]
+            k, v = outs[2 + 2 * i], outs[3 + 2 * i]
             cache.k[i] = k if full else np.ascontiguousarray(k[:, :, :end])
             cache.v[i] = v if full else np.ascontiguousarray(v[:, :, :end])
         cache.length = end
