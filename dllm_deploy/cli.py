@@ -203,7 +203,10 @@ def _write_yaml(path: Path, data: dict) -> None:
 
 def cmd_report(a) -> int:
     from . import report
+    from .bench import targets
     res = report.load(a.bench_json)
+    pick = next((r for r in res["runs"] if res.get("tune") and r["label"] == res["tune"]["pick"]), None)
+    res["targets"] = targets(res, tuned=pick)       # recomputed: the doc follows the current rules
     paths = report.plots(res, a.plots) if a.plots else []
     text = report.markdown(res, paths, a.out, source=a.bench_json)
     if a.out:

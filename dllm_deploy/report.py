@@ -180,7 +180,10 @@ def markdown(res: dict, plot_paths: list[Path] | None = None, doc_path: str | Pa
                      f"| [{r['tokens_per_s_min']:.1f}, {r['tokens_per_s_max']:.1f}] | {r['time_per_forward_ms']:.1f} "
                      f"| {r['loop_overhead']:.1%} | {r['beam_width_used']} | {r['memory_estimate_mb']:.0f} "
                      f"| {_fmt(r.get('memory_peak_mb'), '.0f')} | {_fmt(r['modelled_tokens_per_s_memory_bound'], '.1f')} |")
-    lines += ["", "## Forward cost (measured)", "",
+    lines += ["", (f"`memory est.` is the memory model at the model's max_seq (what the beam-width cap uses); `peak` is "
+                   f"the measured ONNX Runtime CPU peak (fresh process per W, `--memory`) at a {next(iter(res['forward_cost'].values()))[0]['prefix']}-token prefix. "
+                   "Loop overhead is the share of wall time outside backend calls (for `cpp`, outside ONNX Runtime's Run)."),
+              "", "## Forward cost (measured)", "",
               ("One verification forward of W branches (W x L tokens) after a prefix of "
               f"{next(iter(res['forward_cost'].values()))[0]['prefix']} cached tokens, median ms:"), "",
               "| backend | " + " | ".join(f"W={r['beam_width']} ({r['tokens']} tok)" for r in next(iter(res["forward_cost"].values()))) + " |",

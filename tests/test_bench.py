@@ -14,8 +14,8 @@ from dllm_deploy.errors import UserError
 def bench_run(tiny_artifact, tmp_path_factory):
     d = tmp_path_factory.mktemp("bench")
     out, overlay, plots = d / "bench.json", d / "tuned.yaml", d / "plots"
-    rc = main(["bench", "--artifact", str(tiny_artifact[0]), "--strategies", "vanilla,threshold,spd", "--beam-widths", "1,2",
-               "--tasks", "upper,count", "--n", "1", "--repeats", "2", "--gen-length", "32", "--json", str(out),
+    # the smoke run is `--quick` itself (2 tasks x 1 prompt, 2 repeats, W = 4, gen length 64)
+    rc = main(["bench", "--artifact", str(tiny_artifact[0]), "--quick", "--json", str(out),
                "--tune", "--tune-out", str(overlay), "--plots", str(plots), "--quiet"])
     assert rc == 0
     return json.loads(out.read_text()), out, overlay, plots
@@ -27,7 +27,7 @@ def test_bench_json_structure(bench_run):
     labels = [r["label"] for r in d["runs"]]
     for be in ("ort", "torch"):
         assert f"{be}:vanilla no-cache" in labels and f"{be}:threshold tau0.9" in labels
-        assert f"{be}:spd W2 lossless/vanilla" in labels and f"{be}:spd W2 threshold tau0.9" in labels
+        assert f"{be}:spd W4 lossless/vanilla" in labels and f"{be}:spd W4 threshold tau0.9" in labels
     for r in d["runs"]:
         assert r["repeats"] == 2
         assert r["tokens_per_s_min"] <= r["tokens_per_s"] <= r["tokens_per_s_max"]
@@ -38,14 +38,15 @@ def test_bench_json_structure(bench_run):
         assert (r["modelled_tokens_per_s_memory_bound"] is None) == (r["cache"] == "none")
     by = {r["label"]: r for r in d["runs"]}
     # the same strategy on both backends decodes the same number of tokens
-    assert by["ort:spd W2 lossless/vanilla"]["tokens"] == by["torch:spd W2 lossless/vanilla"]["tokens"]
+    assert by["ort:spd W4 lossless/vanilla"]["tokens"] == by["torch:spd W4 lossless/vanilla"]["tokens"]
     # LLaDA's no-cache vanilla and the cached lossless SPD W1 commit the same tokens, one per forward
     assert by["ort:vanilla no-cache"]["tpf"] <= 1.0
-    assert "ort:spd W2 lossless/vanilla / torch" in d["ratios"]
+    assert "ort:spd W4 lossless/vanilla / torch" in d["ratios"]
     # memory estimate grows with W; forward cost curve covers every width, per backend
-    assert by["ort:spd W2 lossless/vanilla"]["memory_estimate_mb"] > by["ort:threshold tau0.9"]["memory_estimate_mb"]
+    assert by["ort:spd W4 lossless/vanilla"]["memory_estimate_mb"] > by["ort:threshold tau0.9"]["memory_estimate_mb"]
+    assert d["families"] == ["upper", "count"] and d["gen_length"] == 64
     for be in ("ort", "torch"):
-        assert [x["beam_width"] for x in d["forward_cost"][be]] == [1, 2]
+        assert [x["beam_width"] for x in d["forward_cost"][be]] == [1, 4]
         assert all(x["ms_min"] <= x["ms"] <= x["ms_max"] for x in d["forward_cost"][be])
     assert len(d["targets"]) >= 4 and all({"target", "goal", "measured", "met"} <= set(t) for t in d["targets"])
 
