@@ -59,7 +59,8 @@ def plots(res: dict, out_dir: str | Path) -> list[Path]:
 
     # 1. TPF vs beam width, one line per (backend, spd mode); baselines as horizontal lines
     fig, ax = plt.subplots(figsize=(6.4, 4.2))
-    for be in backends:
+    # TPF does not depend on the backend (same tokens): one backend, the one with every baseline
+    for be in sorted(backends, key=lambda b: (b != "ort", b != "torch", b)):
         series: dict[str, list] = {}
         for r in runs:
             if r["backend"] == be:
@@ -70,7 +71,7 @@ def plots(res: dict, out_dir: str | Path) -> list[Path]:
                 ax.plot([r["beam_width"] for r in rows], [r["tpf"] for r in rows], marker="o", label=f"{be} {name}")
             else:
                 ax.axhline(rows[0]["tpf"], linestyle="--", linewidth=1, label=f"{be} {name}", color="grey" if "no cache" in name else None)
-        break  # TPF does not depend on the backend (same tokens): one backend is enough
+        break
     ax.set_xlabel("beam width W")
     ax.set_ylabel("tokens per forward (measured)")
     ax.set_title("TPF vs beam width")

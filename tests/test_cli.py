@@ -48,7 +48,7 @@ def test_eval_json_keys(capsys):
     (["generate", "--prompt", "x", "--strategy", "greedy"], "unknown strategy 'greedy'"),
     (["generate", "--prompt", "x", "--threshold", "1.5"], "threshold must be in (0, 1]"),
     (["generate", "--prompt", "x" * 600], "exceeds the model's max_seq 512"),
-    (["generate", "--prompt", "x", "--cache", "dual"], "cache mode 'dual' is not implemented"),
+    (["generate", "--prompt", "x", "--cache", "triple"], "unknown cache mode 'triple'"),
     (["generate", "--artifact", "/no/such/artifact", "--prompt", "x"], "no such artifact folder"),
     (["eval", "--tasks", "poetry"], "unknown task 'poetry'"),
 ])
