@@ -75,7 +75,7 @@ def run_cpp(binary, artifact: str, examples, kwargs: dict, max_beam_width: int |
     from .evals import tasks
     flags = []
     for k, v in kwargs.items():
-        if v is not None and k != "cache":
+        if v is not None:
             flags += [f"--{k.replace('_', '-')}", str(v)]
     if max_beam_width:
         flags += ["--max-beam-width", str(max_beam_width)]
@@ -130,8 +130,7 @@ def configurations(backends, strategies, beam_widths, thresholds, tree: str = "c
     for be in backends:
         for s in strategies:
             if s == "vanilla":
-                if be != "cpp":   # the C++ runtime has no cache-free mode: LLaDA's baseline runs in Python
-                    out.append(Config(be, "vanilla", cache="none"))
+                out.append(Config(be, "vanilla", cache="none"))
             elif s == "vanilla-cache":
                 out.append(Config(be, "vanilla"))
             elif s == "threshold":
