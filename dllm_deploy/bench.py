@@ -212,7 +212,7 @@ def _peak_memory(artifact: str, widths, block_length: int, prefix: int) -> dict[
     for w in widths:
         try:
             m = measure_peak_bytes(artifact, beam_width=w, prefix_len=prefix, block_length=block_length)
-            out[w] = m["peak_bytes"] / 2**20 if isinstance(m, dict) else m / 2**20
+            out[w] = m["peak_bytes"] / 2**20
         except Exception:  # noqa: BLE001 -- a failed measurement is a missing cell, not a failed bench
             out[w] = None
     return out

@@ -50,6 +50,13 @@ def plots(res: dict, out_dir: str | Path) -> list[Path]:
     runs, written = res["runs"], []
     backends = sorted({r["backend"] for r in runs})
 
+    def finish(fig, ax, name, xlabel, ylabel, title):
+        ax.set_xlabel(xlabel)
+        ax.set_ylabel(ylabel)
+        ax.set_title(title)
+        ax.legend(fontsize=7)
+        save(fig, name)
+
     def save(fig, name):
         path = out / f"{name}.png"
         fig.tight_layout()
@@ -72,11 +79,7 @@ def plots(res: dict, out_dir: str | Path) -> list[Path]:
             else:
                 ax.axhline(rows[0]["tpf"], linestyle="--", linewidth=1, label=f"{be} {name}", color="grey" if "no cache" in name else None)
         break
-    ax.set_xlabel("beam width W")
-    ax.set_ylabel("tokens per forward (measured)")
-    ax.set_title("TPF vs beam width")
-    ax.legend(fontsize=7)
-    save(fig, "tpf_vs_beam_width")
+    finish(fig, ax, "tpf_vs_beam_width", "beam width W", "tokens per forward (measured)", "TPF vs beam width")
 
     # 2. accuracy vs TPF (Pareto front)
     fig, ax = plt.subplots(figsize=(6.4, 4.2))
@@ -91,11 +94,7 @@ def plots(res: dict, out_dir: str | Path) -> list[Path]:
             front.append(r)
             best = r["accuracy"]
     ax.plot([r["tpf"] for r in front], [r["accuracy"] for r in front], color="black", linewidth=1, label="Pareto front")
-    ax.set_xlabel("tokens per forward")
-    ax.set_ylabel("exact-match accuracy")
-    ax.set_title(f"accuracy vs TPF ({be0})")
-    ax.legend(fontsize=7)
-    save(fig, "pareto")
+    finish(fig, ax, "pareto", "tokens per forward", "exact-match accuracy", f"accuracy vs TPF ({be0})")
 
     # 3. tokens/s per backend and strategy (median, with min-max whiskers)
     labels = sorted({r["label"].split(":", 1)[1] for r in runs})
@@ -122,15 +121,11 @@ def plots(res: dict, out_dir: str | Path) -> list[Path]:
         by_w.setdefault(r["beam_width_used"], r)
     ws = sorted(by_w)
     ax.plot(ws, [by_w[w]["memory_estimate_mb"] for w in ws], marker="o", label="estimate (memory model)")
-    meas = [(w, r["memory_peak_mb"]) for w in ws for r in runs
-            if r["beam_width_used"] == w and r.get("memory_peak_mb") is not None][:len(ws)]
+    peak = {r["beam_width_used"]: r["memory_peak_mb"] for r in runs if r.get("memory_peak_mb") is not None}
+    meas = sorted(peak.items())      # one measured peak per W (every backend shares it)
     if meas:
         ax.plot([w for w, _ in meas], [m for _, m in meas], marker="s", label="measured peak (ORT CPU)")
-    ax.set_xlabel("beam width W")
-    ax.set_ylabel("MB")
-    ax.set_title("memory vs beam width")
-    ax.legend(fontsize=7)
-    save(fig, "memory_vs_beam_width")
+    finish(fig, ax, "memory_vs_beam_width", "beam width W", "MB", "memory vs beam width")
 
     # 5. forward cost: ms per forward vs tokens per forward, per backend
     fig, ax = plt.subplots(figsize=(6.4, 4.2))
@@ -138,11 +133,7 @@ def plots(res: dict, out_dir: str | Path) -> list[Path]:
         ax.plot([r["tokens"] for r in rows], [r["ms"] for r in rows], marker="o", label=f"{be} (measured)")
         one = rows[0]["ms"]
         ax.plot([r["tokens"] for r in rows], [one for _ in rows], linestyle=":", label=f"{be} memory-bound model (flat)")
-    ax.set_xlabel("tokens per forward (W x L)")
-    ax.set_ylabel("ms per verification forward")
-    ax.set_title("forward cost vs tokens carried")
-    ax.legend(fontsize=7)
-    save(fig, "forward_cost")
+    finish(fig, ax, "forward_cost", "tokens per forward (W x L)", "ms per verification forward", "forward cost vs tokens carried")
     return written
 
 

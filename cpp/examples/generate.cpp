@@ -15,10 +15,12 @@
 #include <cstring>
 #include <fstream>
 #include <iostream>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
 #include "dllm_deploy/dllm.hpp"
+#include "json.hpp"  // the library's JSON reader, compiled into this tool (cpp/CMakeLists.txt)
 
 namespace {
 
@@ -49,75 +51,16 @@ double to_double(const std::string& flag, const std::string& v) {
   return x;
 }
 
-void put_utf8(std::string& out, unsigned cp) {
-  if (cp < 0x80) {
-    out += static_cast<char>(cp);
-  } else if (cp < 0x800) {
-    out += static_cast<char>(0xC0 | (cp >> 6));
-    out += static_cast<char>(0x80 | (cp & 0x3F));
-  } else if (cp < 0x10000) {
-    out += static_cast<char>(0xE0 | (cp >> 12));
-    out += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
-    out += static_cast<char>(0x80 | (cp & 0x3F));
-  } else {
-    out += static_cast<char>(0xF0 | (cp >> 18));
-    out += static_cast<char>(0x80 | ((cp >> 12) & 0x3F));
-    out += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
-    out += static_cast<char>(0x80 | (cp & 0x3F));
-  }
-}
-
-// A JSON string literal (the whole line, surrounding quotes included) -> its UTF-8 text.
+// A JSON string literal (the whole line) -> its UTF-8 text, with the library's JSON reader.
 bool json_string(const std::string& line, std::string& out) {
-  size_t i = 1;
-  out.clear();
-  auto hex4 = [&](unsigned& u) {
-    if (i + 4 > line.size()) return false;
-    u = 0;
-    for (int k = 0; k < 4; ++k) {
-      char c = line[i++];
-      u <<= 4;
-      if (c >= '0' && c <= '9') u |= c - '0';
-      else if (c >= 'a' && c <= 'f') u |= c - 'a' + 10;
-      else if (c >= 'A' && c <= 'F') u |= c - 'A' + 10;
-      else return false;
-    }
+  try {
+    dllm::detail::Json j = dllm::detail::parse_json(line);
+    if (j.type != dllm::detail::Json::Type::String) return false;
+    out = j.string;
     return true;
-  };
-  while (i < line.size()) {
-    char c = line[i++];
-    if (c == '"') {
-      while (i < line.size() && (line[i] == ' ' || line[i] == '\t' || line[i] == '\r')) ++i;
-      return i == line.size();
-    }
-    if (c != '\\') {
-      out += c;
-      continue;
-    }
-    if (i >= line.size()) return false;
-    char e = line[i++];
-    unsigned u = 0;
-    switch (e) {
-      case 'n': out += '\n'; break;
-      case 't': out += '\t'; break;
-      case 'r': out += '\r'; break;
-      case 'b': out += '\b'; break;
-      case 'f': out += '\f'; break;
-      case '"': case '\\': case '/': out += e; break;
-      case 'u':
-        if (!hex4(u)) return false;
-        if (u >= 0xD800 && u < 0xDC00 && i + 6 <= line.size() && line[i] == '\\' && line[i + 1] == 'u') {
-          unsigned lo = 0;
-          i += 2;
-          if (!hex4(lo) || lo < 0xDC00 || lo >= 0xE000) return false;
-          u = 0x10000 + ((u - 0xD800) << 10) + (lo - 0xDC00);
-        }
-        put_utf8(out, u);
-        break;
-      default: return false;
-    }
+  } catch (const std::runtime_error&) {
+    return false;
   }
-  return false;
 }
 
 std::vector<std::string> read_prompts(const std::string& path) {

@@ -295,6 +295,8 @@ class Decoder:
             b = len(batch.rows)
             base = batch.prompt_len + blk * L                                        # (B,) first position
             step = np.zeros(b, dtype=np.int64)                                      # rule steps taken
+            block_pos = base[:, None] + ar                                           # (B,L) positions
+            suffix = suffix_of(blk, base) if bidi else None                          # once per block
             done = np.zeros(b, dtype=bool)                                           # block full (or EOS)
             ended = np.zeros(b, dtype=bool)                                          # EOS reached
             while True:
@@ -311,9 +313,9 @@ class Decoder:
                 if not need.any():
                     break
                 if bidi:
-                    vi, vp = batch.verify_canvas(nodes, base[:, None] + ar, *suffix_of(blk, base))
+                    vi, vp = batch.verify_canvas(nodes, block_pos, *suffix)
                 else:
-                    vi, vp = batch.forward(nodes.reshape(b, w * L), np.tile(base[:, None] + ar, (1, w)),
+                    vi, vp = batch.forward(nodes.reshape(b, w * L), np.tile(block_pos, (1, w)),
                                            np.broadcast_to(tree_new, (b, w * L, w * L)),
                                            None, keep=0)
                     vi = vi.reshape(b, w, L, -1)

@@ -54,3 +54,14 @@ def generate_many(build: Path, artifact, prompts: list[str], options: dict, tmp_
                      *flags(options), *extra)
     assert r.returncode == 0, r.stderr
     return [json.loads(line) for line in r.stdout.splitlines()]
+
+
+def first_prompts(n: int) -> list[str]:
+    """The first eval prompt of n families: different lengths and answer shapes."""
+    from dllm_deploy.evals import tasks
+    out, seen = [], set()
+    for ex in tasks.eval_split():
+        if ex.family not in seen:
+            seen.add(ex.family)
+            out.append(ex.prompt)
+    return out[:n]

@@ -14,11 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from dllm_deploy.evals import tasks
 from dllm_deploy.runtime.api import decode_config
 from tests.conftest import write_checkpoint
 
-from .conftest import generate_many, run_generate
+from .conftest import first_prompts, generate_many, run_generate
 
 KEYS = ("text", "token_ids", "forwards", "tokens", "accepted_hist", "finished", "beam_width_used",
         "beam_width_requested")
@@ -34,16 +33,7 @@ STRATEGIES = {
 SHAPES = {"llada": (8, 24), "dream": (32, 64)}
 
 
-def _prompts(n: int) -> list[str]:
-    out, seen = [], set()
-    for ex in tasks.eval_split():
-        if ex.family not in seen:
-            seen.add(ex.family)
-            out.append(ex.prompt)
-    return out[:n]
-
-
-PROMPTS = _prompts(2)
+PROMPTS = first_prompts(2)
 
 
 def _options(mode: str, strategy: str) -> dict:

@@ -6,25 +6,14 @@ import json
 
 import pytest
 
-from dllm_deploy.evals import tasks
 from dllm_deploy.runtime.api import decode_config
 
-from .conftest import generate_many, run_generate
+from .conftest import first_prompts, generate_many, run_generate
 
 GEN = 64   # tokens per prompt: two blocks of 32, so the fused commit forward runs too
 
 
-def _prompts(n: int) -> list[str]:
-    """The first eval prompt of n families: different lengths and answer shapes."""
-    out, seen = [], set()
-    for ex in tasks.eval_split():
-        if ex.family not in seen:
-            seen.add(ex.family)
-            out.append(ex.prompt)
-    return out[:n]
-
-
-PROMPTS = _prompts(3)
+PROMPTS = first_prompts(3)
 
 # the five strategies on 3 prompts; the variants on 1 (keeps the suite near a minute)
 CASES = {
