@@ -45,6 +45,8 @@ def _add_decode_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--threshold", type=float, default=None, help="threshold tau (default 0.9)")
     p.add_argument("--select", default=None, help="spd: lossless | threshold")
     p.add_argument("--base", default=None, help="spd lossless: vanilla | threshold")
+    p.add_argument("--candidates", type=int, default=None,
+                   help="spd --select threshold: draft this many tree nodes and verify the W most confident")
     p.add_argument("--cache", default=None, help="none | prefix | dual | exact | auto")
     p.add_argument("--json", action="store_true", help="machine-readable output")
 
@@ -52,7 +54,7 @@ def _add_decode_flags(p: argparse.ArgumentParser) -> None:
 def _decode_kwargs(a) -> dict:
     return dict(strategy=a.strategy, gen_length=a.gen_length, block_length=a.block_length,
                 tokens_per_step=a.tokens_per_step, steps=a.steps, beam_width=a.beam_width, tree=a.tree,
-                threshold=a.threshold, select=a.select, base=a.base, cache=a.cache)
+                threshold=a.threshold, select=a.select, base=a.base, cache=a.cache, candidates=a.candidates)
 
 
 def _runtime(a):

@@ -1,24 +1,31 @@
 #!/usr/bin/env bash
 # Reproduce the decoding tables quoted in docs/model_card.md and docs/algorithms.md.
 # Usage: scripts/eval_tables.sh [N_PER_FAMILY] [OUT_DIR]     (defaults: 50, benchmarks/eval)
+# MODEL=--model tiny (torch, the default) or MODEL="--artifact build/art" (ONNX Runtime, faster;
+# token-identical to torch up to ties, see tests/export).
 set -euo pipefail
 N=${1:-50}
 OUT=${2:-benchmarks/eval}
 CLI=${CLI:-.venv/bin/dllm-deploy}
+MODEL=${MODEL:---model tiny}
+FAMS=upper,reverse,kv,csv,count,letter
 mkdir -p "$OUT"
-run() { local name=$1; shift; echo "== $name" >&2; $CLI eval --model tiny --n "$N" --json "$@" > "$OUT/$name.json"; }
+rm -f "$OUT"/*.json
+# shellcheck disable=SC2086
+run() { local name=$1; shift; echo "== $name" >&2; $CLI eval $MODEL --n "$N" --json "$@" > "$OUT/$name.json"; }
 run vanilla --strategy vanilla
-run threshold_0.9 --strategy threshold --threshold 0.9 --tasks upper,reverse,kv,csv,count,letter
+run threshold_0.9 --strategy threshold --threshold 0.9 --tasks $FAMS
 for W in 1 2 4 8; do
-  tree=chain; [ "$W" -ge 4 ] && tree=wide
-  run spd_lossless_vanilla_W$W --strategy spd --beam-width "$W" --tree "$tree" --select lossless --base vanilla --tasks upper,reverse,kv,csv,count,letter
+  run spd_lossless_vanilla_W$W --strategy spd --beam-width "$W" --tree chain --select lossless --base vanilla --tasks $FAMS
+  run spd_lossless_threshold_W$W --strategy spd --beam-width "$W" --tree chain --select lossless --base threshold --threshold 0.9 --tasks $FAMS
+  run spd_lossy_W$W --strategy spd --beam-width "$W" --tree chain --select threshold --tasks $FAMS
 done
-run spd_lossless_threshold_W4 --strategy spd --beam-width 4 --tree wide --select lossless --base threshold --threshold 0.9 --tasks upper,reverse,kv,csv,count,letter
-run spd_threshold_W4 --strategy spd --beam-width 4 --select threshold --tasks upper,reverse,kv,csv,count,letter
+run spd_lossy_W4_binary_pruned16 --strategy spd --beam-width 4 --tree binary --candidates 16 --select threshold --tasks $FAMS
+run spd_lossy_W4_binary --strategy spd --beam-width 4 --tree binary --select threshold --tasks $FAMS
 python3 - "$OUT" <<'PY'
 import json, pathlib, sys
 out = pathlib.Path(sys.argv[1])
-print(f"| run | accuracy | TPF | forwards | tokens | tok/s |")
+print("| run | accuracy | TPF | forwards | tokens | tok/s |")
 print("|---|---|---|---|---|---|")
 for f in sorted(out.glob("*.json")):
     d = json.loads(f.read_text())

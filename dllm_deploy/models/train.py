@@ -30,6 +30,8 @@ from .transformer import DLLM
 
 BLOCK = 32
 MIX = {"upper": 1.0, "reverse": 1.5, "kv": 1.5, "csv": 1.0, "count": 1.5, "letter": 0.7, "text": 0.8}
+MAX_ANSWER = 0  # curriculum: only answers of at most this many bytes (0: all)
+COPIES = 1  # independent noisy copies of the answer per row
 SUFFIX_SHARE = 0.5  # share of blocks noised by suffix masking (the rest: each token masked w.p. t ~ U(0,1))
 KIND_PROMPT, KIND_CLEAN, KIND_NOISY, KIND_PAD = 0, 1, 2, 3
 
@@ -65,19 +67,15 @@ def sample_example(rng: random.Random, held_out: set[str]) -> tasks.Example:
     while True:
         fam = rng.choices(fams, weights=[MIX[f] for f in fams])[0]
         ex = tasks.gen_text(rng, "train") if fam == "text" else tasks.GENERATORS[fam](rng)
-        if ex.prompt not in held_out:
+        if ex.prompt not in held_out and (not MAX_ANSWER or len(ex.answer) <= MAX_ANSWER):
             return ex
 
 
-def build_row(ex: tasks.Example, tok: ByteTokenizer, rng: random.Random):
-    """Token ids, positions, kinds, block ids, targets and loss flags for one training row."""
-    p = tok.encode(ex.prompt)
-    a = tok.encode(ex.answer) + [tok.EOS]
-    a += [tok.EOS] * (-len(a) % BLOCK)
-    nb = len(a) // BLOCK
+def noise_answer(a: list[int], tok: ByteTokenizer, rng: random.Random) -> tuple[list[int], list[int]]:
+    """One noisy copy of the answer blocks and its loss flags (1 = masked)."""
     noisy = list(a)
     lossf = [0] * len(a)
-    for b in range(nb):
+    for b in range(len(a) // BLOCK):
         idx = range(b * BLOCK, (b + 1) * BLOCK)
         if rng.random() < SUFFIX_SHARE:
             # suffix masking: everything from a random cut on, plus a few holes before it -- the
@@ -90,24 +88,45 @@ def build_row(ex: tasks.Example, tok: ByteTokenizer, rng: random.Random):
         for i in hit:
             noisy[i] = tok.MASK
             lossf[i] = 1
+    return noisy, lossf
+
+
+def build_row(ex: tasks.Example, tok: ByteTokenizer, rng: random.Random, copies: int = 1):
+    """Token ids, positions, kinds, block ids, copy ids, targets and loss flags for one row.
+
+    ``copies`` independent noisy copies of the answer share the prompt and the clean blocks
+    (each copy attends only to itself): more masked positions per forward for little extra cost."""
+    p = tok.encode(ex.prompt)
+    a = tok.encode(ex.answer) + [tok.EOS]
+    a += [tok.EOS] * (-len(a) % BLOCK)
     c = len(a) - BLOCK  # the last block's clean copy is context for nothing: leave it out
-    ids = p + a[:c] + noisy
-    pos = list(range(len(p))) + list(range(len(p), len(p) + c)) + list(range(len(p), len(p) + len(a)))
-    kind = [KIND_PROMPT] * len(p) + [KIND_CLEAN] * c + [KIND_NOISY] * len(a)
-    blk = [-1] * len(p) + [i // BLOCK for i in range(c)] + [i // BLOCK for i in range(len(a))]
-    tgt = [0] * (len(p) + c) + a
-    lf = [0] * (len(p) + c) + lossf
-    return ids, pos, kind, blk, tgt, lf
+    ids, kind = p + a[:c], [KIND_PROMPT] * len(p) + [KIND_CLEAN] * c
+    pos = list(range(len(p))) + list(range(len(p), len(p) + c))
+    blk = [-1] * len(p) + [i // BLOCK for i in range(c)]
+    rep = [0] * (len(p) + c)
+    tgt, lf = [0] * (len(p) + c), [0] * (len(p) + c)
+    for r in range(copies):
+        noisy, lossf = noise_answer(a, tok, rng)
+        ids += noisy
+        pos += list(range(len(p), len(p) + len(a)))
+        kind += [KIND_NOISY] * len(a)
+        blk += [i // BLOCK for i in range(len(a))]
+        rep += [r] * len(a)
+        tgt += a
+        lf += lossf
+    return ids, pos, kind, blk, rep, tgt, lf, p + a[:a.index(tok.EOS) + 1], len(p)
 
 
-def training_mask(kind: torch.Tensor, blk: torch.Tensor) -> torch.Tensor:
-    """(B,S) kinds and block ids -> (B,1,S,S) bool attention mask of the vectorised objective."""
+def training_mask(kind: torch.Tensor, blk: torch.Tensor, rep: torch.Tensor | None = None) -> torch.Tensor:
+    """(B,S) kinds, block ids and noisy-copy ids -> (B,1,S,S) bool attention mask of the
+    vectorised objective."""
     qk, kk = kind[:, :, None], kind[:, None, :]
     qb, kb = blk[:, :, None], blk[:, None, :]
+    same_copy = True if rep is None else rep[:, :, None] == rep[:, None, :]
     key_prompt = kk == KIND_PROMPT
     m_prompt = (qk == KIND_PROMPT) & key_prompt
     m_clean = (qk == KIND_CLEAN) & (key_prompt | ((kk == KIND_CLEAN) & (kb <= qb)))
-    m_noisy = (qk == KIND_NOISY) & (key_prompt | ((kk == KIND_CLEAN) & (kb < qb)) | ((kk == KIND_NOISY) & (kb == qb)))
+    m_noisy = (qk == KIND_NOISY) & (key_prompt | ((kk == KIND_CLEAN) & (kb < qb)) | ((kk == KIND_NOISY) & (kb == qb) & same_copy))
     s = kind.shape[1]
     eye = torch.eye(s, dtype=torch.bool)[None]
     m_pad = (qk == KIND_PAD) & eye
@@ -115,13 +134,35 @@ def training_mask(kind: torch.Tensor, blk: torch.Tensor) -> torch.Tensor:
 
 
 def make_batch(rng: random.Random, n: int, tok: ByteTokenizer, held_out: set[str], rows=None):
-    rows = rows or [build_row(sample_example(rng, held_out), tok, rng) for _ in range(n)]
+    rows = rows or [build_row(sample_example(rng, held_out), tok, rng, COPIES) for _ in range(n)]
     s = max(len(r[0]) for r in rows)
     def pad(i, v):
         return torch.tensor([r[i] + [v] * (s - len(r[i])) for r in rows], dtype=torch.long)
-    ids, pos, kind, blk = pad(0, tok.PAD), pad(1, 0), pad(2, KIND_PAD), pad(3, -2)
-    tgt, lf = pad(4, 0), pad(5, 0)
-    return ids, pos, training_mask(kind, blk), tgt, lf.bool()
+    ids, pos, kind, blk, rep = pad(0, tok.PAD), pad(1, 0), pad(2, KIND_PAD), pad(3, -2), pad(4, 0)
+    tgt, lf = pad(5, 0), pad(6, 0)
+    return ids, pos, training_mask(kind, blk, rep), tgt, lf.bool()
+
+
+def make_ar_batch(rows, tok: ByteTokenizer):
+    """The warm-up task: next-token prediction on [prompt | answer + EOS] with a causal mask.
+
+    An autoregressive transformer learns to copy from its context (induction) within a few hundred
+    steps; under the masked objective alone the same circuit had not formed after 1000+ steps
+    (docs/model_card.md). So the tiny model starts autoregressive, as Dream and SDAR start from an
+    autoregressive checkpoint; the copying carries over to the denoiser within a few hundred steps
+    (no logit shift needed: a masked position reads its left neighbour's next-token guess)."""
+    seqs, n_prompt = [r[7] for r in rows], [r[8] for r in rows]
+    s = max(len(q) for q in seqs)
+    ids = torch.full((len(seqs), s), tok.PAD, dtype=torch.long)
+    tgt = torch.zeros(len(seqs), s, dtype=torch.long)
+    lf = torch.zeros(len(seqs), s, dtype=torch.bool)
+    for b, (q, np_) in enumerate(zip(seqs, n_prompt)):
+        ids[b, :len(q)] = torch.tensor(q)
+        tgt[b, :len(q) - 1] = torch.tensor(q[1:])
+        lf[b, np_ - 1:len(q) - 1] = True
+    pos = torch.arange(s)[None].expand(len(seqs), s)
+    mask = torch.tril(torch.ones(s, s, dtype=torch.bool))[None, None].expand(len(seqs), 1, s, s)
+    return ids, pos, mask, tgt, lf
 
 
 def save(model: DLLM, out: Path, meta: dict) -> None:
@@ -136,7 +177,7 @@ def save(model: DLLM, out: Path, meta: dict) -> None:
 
 
 def main(argv=None) -> None:
-    global SUFFIX_SHARE
+    global SUFFIX_SHARE, COPIES, MAX_ANSWER
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", type=Path, required=True, help="folder for config.json + model.safetensors")
     ap.add_argument("--steps", type=int, default=3600)
@@ -160,8 +201,12 @@ def main(argv=None) -> None:
     ap.add_argument("--mix", default="", help="family weights overriding the default mix, e.g. text=0.4,letter=1.0")
     ap.add_argument("--device", default="cpu", help="torch device (cpu, cuda): the script runs on a CPU; a GPU is faster")
     ap.add_argument("--pool", type=int, default=8, help="batches drawn at once and bucketed by length (1: no bucketing)")
+    ap.add_argument("--copies", type=int, default=COPIES, help="independent noisy copies of the answer per row")
+    ap.add_argument("--ar-steps", type=int, default=0,
+                    help="first steps train next-token prediction (causal mask) before block diffusion")
+    ap.add_argument("--max-answer", type=int, default=0, help="curriculum: only answers of at most this many bytes")
     args = ap.parse_args(argv)
-    SUFFIX_SHARE = args.suffix_share
+    SUFFIX_SHARE, COPIES, MAX_ANSWER = args.suffix_share, args.copies, args.max_answer
     for item in filter(None, args.mix.split(",")):
         fam, _, w = item.partition("=")
         if fam not in MIX:
@@ -203,12 +248,18 @@ def main(argv=None) -> None:
         for g in opt.param_groups:
             g["lr"] = lr
         if not pending:  # draw --pool batches at once and bucket them by length: less padding
-            rows = sorted((build_row(sample_example(rng, held_out), tok, rng) for _ in range(args.pool * args.batch)),
+            rows = sorted((build_row(sample_example(rng, held_out), tok, rng, COPIES) for _ in range(args.pool * args.batch)),
                           key=lambda r: len(r[0]))
             pending = [rows[i:i + args.batch] for i in range(0, len(rows), args.batch)]
             rng.shuffle(pending)
-        ids, pos, mask, tgt, lf = (x.to(dev) for x in make_batch(rng, args.batch, tok, held_out, rows=pending.pop()))
-        logits, _ = model(ids, pos, mask)
+        rows = pending.pop()
+        ar = step <= args.ar_steps
+        if ar:   # warm-up: next-token prediction, causal mask (logits at i predict i+1)
+            ids, pos, mask, tgt, lf = (x.to(dev) for x in make_ar_batch(rows, tok))
+            logits, _ = model(ids, pos, mask)
+        else:    # block diffusion: cross-entropy on the masked positions
+            ids, pos, mask, tgt, lf = (x.to(dev) for x in make_batch(rng, args.batch, tok, held_out, rows=rows))
+            logits, _ = model(ids, pos, mask)
         loss = F.cross_entropy(logits[lf], tgt[lf])
         opt.zero_grad(set_to_none=True)
         loss.backward()
@@ -216,6 +267,8 @@ def main(argv=None) -> None:
         opt.step()
         with torch.no_grad():
             acc = (logits[lf].argmax(-1) == tgt[lf]).float().mean().item()
+        if step == args.ar_steps + 1:
+            ema = None   # the diffusion loss starts its own average
         ema = loss.item() if ema is None else 0.98 * ema + 0.02 * loss.item()
         if args.time_steps and step >= args.time_steps:
             print(f"{(time.time()-t0)/step:.2f}s/step  seq {ids.shape[1]}", flush=True)
@@ -223,6 +276,7 @@ def main(argv=None) -> None:
         tokens_seen += int(ids.numel())
         if step % 25 == 0 or (step == 1 and not args.time_steps):
             rec = {"phase": 2 if args.init_from else 1, "step": step, "loss": round(loss.item(), 4), "loss_ema": round(ema, 4), "masked_acc": round(acc, 4),
+                   "objective": "ar" if ar else "mdm",
                    "lr": round(lr, 6), "tokens": tokens_seen, "elapsed_s": round(time.time() - t0, 1)}
             log_f.write(json.dumps(rec) + "\n")
             log_f.flush()
@@ -231,7 +285,7 @@ def main(argv=None) -> None:
             save(model, args.out, {"init_from": str(args.init_from) if args.init_from else None, "seed": args.seed, "steps": step, "target_steps": args.steps, "batch": args.batch,
                                    "lr": args.lr, "params": n_params, "elapsed_s": round(time.time() - t0, 1),
                                    "mix": MIX, "pool": args.pool, "warmup": args.warmup, "threads": args.threads, "device": args.device, "torch": torch.__version__,
-                                   "suffix_share": SUFFIX_SHARE, "previous_phase": previous})
+                                   "suffix_share": SUFFIX_SHARE, "copies": COPIES, "max_answer": MAX_ANSWER, "ar_steps": args.ar_steps, "stop_after": args.stop_after, "previous_phase": previous})
         if step == args.stop_after:
             break
     log_f.close()

@@ -28,6 +28,10 @@ def decode_config(**kw) -> DecodeConfig:
         raise UserError(f"beam width must be >= 1, got {cfg.beam_width}")
     if cfg.tokens_per_step < 1:
         raise UserError(f"tokens per step must be >= 1, got {cfg.tokens_per_step}")
+    if cfg.candidates < 0:
+        raise UserError(f"candidates must be >= 0, got {cfg.candidates}")
+    if cfg.candidates and not (cfg.strategy == "spd" and cfg.select == "threshold"):
+        raise UserError("--candidates prunes the drafts of spd --select threshold only")
     from .tree import PRESETS
     if cfg.tree not in PRESETS:
         raise UserError(f"unknown tree preset {cfg.tree!r} (expected one of {', '.join(PRESETS)})")

@@ -1,9 +1,9 @@
 """The decode loop: one loop for every strategy, every backend, every cache mode.
 
 Per block (L positions, all [MASK] at the start), per iteration:
-    nodes = policy.plan(S, f(S))           # W drafted block states (node 0 = base rule's step)
+    nodes, parents = policy.plan(S, f(S))  # W drafted block states (node 0 = base rule's step)
     f(nodes) = backend.verify(nodes)       # ONE forward, W branches under a tree mask
-    S, f(S) = policy.select(nodes, f)      # as deep as verification allows
+    S, f(S) = policy.select(nodes, parents, f)   # as deep as verification allows
 When a block is full (block-causal model): one fused forward commits its KV and predicts the
 next block's first state; the prompt prefill is fused the same way with the first block. For a
 bidirectional model (LLaDA, Dream) every forward carries the whole canvas [prefix | block | suffix
@@ -300,7 +300,8 @@ class Decoder:
             done = np.zeros(b, dtype=bool)                                           # block full (or EOS)
             ended = np.zeros(b, dtype=bool)                                          # EOS reached
             while True:
-                nodes = np.stack([policy.plan(state[r], fi[r], fp[r], int(step[r])) for r in range(b)])   # (B,W,L)
+                plans = [policy.plan(state[r], fi[r], fp[r], int(step[r])) for r in range(b)]
+                nodes = np.stack([n_ for n_, _ in plans])                               # (B,W,L)
                 for r in range(b):
                     if done[r]:
                         continue
@@ -321,7 +322,7 @@ class Decoder:
                     vi = vi.reshape(b, w, L, -1)
                     vp = vp.reshape(b, w, L, -1)
                 for r in np.flatnonzero(need):
-                    cur, steps = policy.select(nodes[r], vi[r], vp[r], int(step[r]))
+                    cur, steps = policy.select(nodes[r], plans[r][1], vi[r], vp[r], int(step[r]))
                     st = stats[batch.rows[r]]
                     st["forwards"] += 1
                     st["accepted_hist"][steps] = st["accepted_hist"].get(steps, 0) + 1

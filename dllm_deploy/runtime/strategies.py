@@ -35,6 +35,7 @@ class DecodeConfig:
     schedule: ThresholdSchedule = field(default_factory=ThresholdSchedule)  # lossy mode's tau
     cache: str = "auto"               # none | prefix | dual | exact | auto (exact if block-causal)
     topk: int = 2                     # ids/probabilities the verifier returns per position
+    candidates: int = 0               # spd lossy: draft this many tree nodes, verify the W most confident (0: W)
 
 
 class Policy:
@@ -51,7 +52,9 @@ class Policy:
         self.lossy = cfg.strategy == "spd" and cfg.select == "threshold"
         width = cfg.beam_width if cfg.strategy == "spd" else 1
         self.spec: TreeSpec = make_tree(cfg.tree if cfg.strategy == "spd" else "chain", width)
-        self.depths = node_depths(self.spec)
+        # lossy mode with pruning: draft a larger tree, verify the `width` most confident nodes
+        self.draft_spec = (make_tree(cfg.tree, cfg.candidates) if self.lossy and cfg.candidates > width
+                           else self.spec)
         self.drafter = Drafter(self.rule, mask_id, cfg.draft_tau if cfg.strategy == "spd" else None)
 
     @property
@@ -62,20 +65,28 @@ class Policy:
         return self.cfg.schedule.tau(step, int((state == self.mask_id).sum()))
 
     def plan(self, state, top_ids, top_probs, step):
+        """W drafted states (W, L) and their parents (node 0's parent is -1, the state S)."""
         tau = self._tau(step, state) if self.lossy else None
-        return self.drafter.draft(self.spec, state, top_ids, top_probs, step, tau_now=tau)
+        nodes = self.drafter.draft(self.draft_spec, state, top_ids, top_probs, step, tau_now=tau)
+        if self.draft_spec is self.spec:
+            return nodes, self.spec.parents
+        keep = prune(nodes, state, top_ids, top_probs, self.mask_id, self.width)
+        index = {old: new for new, old in enumerate(keep)}
+        parents = tuple(index.get(self.draft_spec.parents[i], -1) for i in keep)
+        return nodes[keep], parents
 
-    def select(self, nodes, f_ids, f_probs, step):
+    def select(self, nodes, parents, f_ids, f_probs, step):
         """(node index, steps accepted). f_ids/f_probs: (W, L, K) = f(node)."""
         m = self.mask_id
+        depths = node_depths(TreeSpec(tuple(parents), (0,) * len(parents)))
         cur, steps = 0, 1
         while (nodes[cur] == m).any():
-            kids = self.spec.children(cur)
+            kids = [i for i, p in enumerate(parents) if p == cur]
             if not kids:
                 break
             nxt = None
             if self.lossy:
-                tau = self._tau(step + self.depths[cur] + 1, nodes[cur])
+                tau = self._tau(step + depths[cur] + 1, nodes[cur])
                 masked = nodes[cur] == m
                 for c in sorted(kids, key=lambda c: -int((nodes[c] != m).sum())):
                     drafted = masked & (nodes[c] != m)
@@ -85,9 +96,27 @@ class Policy:
                         nxt = c
                         break
             else:
-                truth = self.rule(nodes[cur], f_ids[cur, :, 0], f_probs[cur, :, 0], step + self.depths[cur] + 1, m)
+                truth = self.rule(nodes[cur], f_ids[cur, :, 0], f_probs[cur, :, 0], step + depths[cur] + 1, m)
                 nxt = next((c for c in kids if np.array_equal(nodes[c], truth)), None)
             if nxt is None:
                 break
             cur, steps = nxt, steps + 1
         return cur, steps
+
+
+def draft_scores(nodes, state, top_ids, top_probs, mask_id: int) -> np.ndarray:
+    """Log draft confidence of each node: the sum of log f(S) probabilities of the tokens it
+    drafted into positions masked in S (a runner-up token scores its runner-up probability).
+    Children add tokens to their parent, so a score never rises down the tree."""
+    masked = state == mask_id
+    probs = np.where(nodes[:, :, None] == top_ids[None], top_probs[None], 0.0).max(-1)   # (N,L)
+    drafted = masked[None] & (nodes != mask_id)
+    return np.where(drafted, np.log(np.maximum(probs, 1e-30)), 0.0).sum(-1)
+
+
+def prune(nodes, state, top_ids, top_probs, mask_id: int, k: int) -> list[int]:
+    """Indices of the k most confident drafted nodes (node 0 always; ties to the lower index),
+    in tree order. A parent scores at least its child and comes first, so the kept set is a tree."""
+    scores = draft_scores(nodes, state, top_ids, top_probs, mask_id)
+    order = sorted(range(1, len(nodes)), key=lambda i: (-scores[i], i))
+    return sorted([0] + order[:k - 1])

@@ -67,3 +67,50 @@ def test_drafter_chain_and_runner_up():
     assert nodes[0].tolist() == [M, 2, M]        # base rule: most confident position
     assert nodes[1].tolist() == [M, 2, 3]        # chain: next most confident on stale f
     assert nodes[2].tolist() == [M, 2, 13]       # runner-up token at the chain's position
+
+
+def test_draft_scores_and_pruning_hand_drawn():
+    from dllm_deploy.runtime.strategies import draft_scores, prune
+    s = np.array([M, M, M, M])
+    top_ids = np.array([[1, 11], [2, 12], [3, 13], [4, 14]])
+    top_p = np.array([[0.5, 0.4], [0.9, 0.05], [0.8, 0.1], [0.2, 0.1]])
+    nodes = np.array([[M, 2, M, M],        # 0: base step
+                      [M, 2, 3, M],        # 1: chain child of 0
+                      [M, 2, 13, M],       # 2: runner-up child of 0
+                      [1, 2, 3, M],        # 3: chain child of 1
+                      [11, 2, 3, M]])      # 4: runner-up child of 1
+    got = draft_scores(nodes, s, top_ids, top_p, M)
+    want = np.log([0.9, 0.9 * 0.8, 0.9 * 0.1, 0.9 * 0.8 * 0.5, 0.9 * 0.8 * 0.4])
+    assert np.allclose(got, want)
+    # keep 3: node 0, then the two best others (1: 0.72, 3: 0.36) -- 2 (0.09) and 4 (0.29) go
+    assert prune(nodes, s, top_ids, top_p, M, 3) == [0, 1, 3]
+    assert prune(nodes, s, top_ids, top_p, M, 5) == [0, 1, 2, 3, 4]
+    assert prune(nodes, s, top_ids, top_p, M, 1) == [0]
+
+
+def test_policy_prunes_candidates_to_the_beam_width():
+    from dllm_deploy.runtime.strategies import DecodeConfig, Policy
+    cfg = DecodeConfig(strategy="spd", select="threshold", beam_width=3, tree="binary", candidates=7)
+    pol = Policy(cfg, M)
+    s = np.full(8, M)
+    rng = np.random.default_rng(0)
+    top_ids = rng.integers(0, 50, size=(8, 2))
+    top_p = np.sort(rng.random((8, 2)), axis=1)[:, ::-1]
+    nodes, parents = pol.plan(s, top_ids, top_p, 0)
+    assert nodes.shape == (3, 8) and parents[0] == -1
+    assert all(0 <= p < i for i, p in enumerate(parents) if i)          # a tree: parents come first
+    for i, p in enumerate(parents[1:], 1):                              # each child extends its parent
+        assert ((nodes[p] == M) | (nodes[i] == nodes[p]) | (nodes[p] != M) & (nodes[i] != M)).all()
+        assert (nodes[i] != M).sum() > (nodes[p] != M).sum()
+    unpruned = Policy(DecodeConfig(strategy="spd", select="threshold", beam_width=3, tree="binary"), M)
+    assert unpruned.plan(s, top_ids, top_p, 0)[1] == unpruned.spec.parents
+
+
+def test_candidates_only_for_the_lossy_mode():
+    from dllm_deploy.errors import UserError
+    from dllm_deploy.runtime.api import decode_config
+    assert decode_config(strategy="spd", select="threshold", candidates=8).candidates == 8
+    for bad in (dict(strategy="vanilla", candidates=8), dict(strategy="spd", select="lossless", candidates=8),
+                dict(strategy="spd", select="threshold", candidates=-1)):
+        with pytest.raises(UserError):
+            decode_config(**bad)

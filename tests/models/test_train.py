@@ -1,0 +1,54 @@
+"""The training objective's pure parts: rows, the vectorised block-diffusion mask, the warm-up batch."""
+import random
+
+import torch
+
+from dllm_deploy.evals import tasks
+from dllm_deploy.models import train
+from dllm_deploy.models.tokenizer import ByteTokenizer
+
+P, C, N, D = train.KIND_PROMPT, train.KIND_CLEAN, train.KIND_NOISY, train.KIND_PAD
+
+
+def test_training_mask_hand_drawn():
+    # prompt of 2 | clean block 0 (2 tokens) | noisy blocks 0 and 1 (2 tokens each) | 1 pad
+    kind = torch.tensor([[P, P, C, C, N, N, N, N, D]])
+    blk = torch.tensor([[-1, -1, 0, 0, 0, 0, 1, 1, -2]])
+    want = [
+        # keys: p p c c n0 n0 n1 n1 pad
+        [1, 1, 0, 0, 0, 0, 0, 0, 0],  # prompt: the prompt
+        [1, 1, 0, 0, 0, 0, 0, 0, 0],
+        [1, 1, 1, 1, 0, 0, 0, 0, 0],  # clean block 0: prompt + clean blocks <= 0
+        [1, 1, 1, 1, 0, 0, 0, 0, 0],
+        [1, 1, 0, 0, 1, 1, 0, 0, 0],  # noisy block 0: prompt + itself (no clean block before it)
+        [1, 1, 0, 0, 1, 1, 0, 0, 0],
+        [1, 1, 1, 1, 0, 0, 1, 1, 0],  # noisy block 1: prompt + clean block 0 + itself
+        [1, 1, 1, 1, 0, 0, 1, 1, 0],
+        [0, 0, 0, 0, 0, 0, 0, 0, 1],  # pad: itself only
+    ]
+    assert train.training_mask(kind, blk)[0, 0].int().tolist() == want
+
+
+def test_noisy_copies_do_not_see_each_other():
+    kind = torch.tensor([[P, N, N]])
+    blk = torch.tensor([[-1, 0, 0]])
+    rep = torch.tensor([[0, 0, 1]])
+    m = train.training_mask(kind, blk, rep)[0, 0].int().tolist()
+    assert m == [[1, 0, 0], [1, 1, 0], [1, 0, 1]]
+
+
+def test_rows_and_warmup_batch():
+    tok, rng = ByteTokenizer(), random.Random(0)
+    ex = tasks.Example("upper", "upper: ab\n", "AB" * 20)                 # 40 bytes + EOS -> 2 blocks
+    ids, pos, kind, blk, rep, tgt, lf, seq, n_prompt = train.build_row(ex, tok, rng, copies=2)
+    p = len(tok.encode(ex.prompt))
+    assert n_prompt == p and kind.count(P) == p and kind.count(C) == 32 and kind.count(N) == 128
+    assert pos[p:p + 32] == list(range(p, p + 32))                       # clean block 0
+    assert pos[p + 32:p + 96] == pos[p + 96:] == list(range(p, p + 64))   # each noisy copy
+    assert all(ids[i] == tok.MASK for i in range(len(ids)) if lf[i])       # loss only where masked
+    assert seq == tok.encode(ex.prompt) + tok.encode(ex.answer) + [tok.EOS]
+    a_ids, a_pos, a_mask, a_tgt, a_lf = train.make_ar_batch([train.build_row(ex, tok, rng)], tok)
+    assert a_ids[0].tolist() == seq and a_mask[0, 0].tril().equal(a_mask[0, 0])
+    # next-token targets on the answer and EOS only: position i predicts token i+1
+    assert a_lf[0].nonzero().flatten().tolist() == list(range(p - 1, len(seq) - 1))
+    assert a_tgt[0, p - 1].item() == tok.encode("A")[0] and a_tgt[0, len(seq) - 2].item() == tok.EOS
