@@ -30,28 +30,23 @@ def main(folder: Path, n: int = 20) -> dict:
     model = DLLM(cfg)
     model.load_state_dict(load_file(str(folder / "model.safetensors")))
     model.eval()
-    tok, L = ByteTokenizer(), T.BLOCK
+    tok = ByteTokenizer()
     out = {}
     for fam in tasks.FAMILIES:
         out[fam] = {}
         for ratio in (0.15, 0.5, 1.0):
+            def hide(a, tok_, rng, ratio=ratio):   # answer bytes only, never the EOS padding
+                n = a.index(tok_.EOS)
+                flags = [int(rng.random() < ratio and i < n) for i in range(len(a))]
+                return [tok_.MASK if f else x for f, x in zip(flags, a)], flags
             rng, ok, total = random.Random(0), 0, 0
             for e in tasks.eval_split(families=(fam,), n=n):
-                p, ans = tok.encode(e.prompt), tok.encode(e.answer)
-                a = ans + [tok.EOS] * (L - len(ans) % L)
-                noisy = [tok.MASK if rng.random() < ratio and i < len(ans) else x for i, x in enumerate(a)]
-                c = len(a) - L
-                ids = p + a[:c] + noisy
-                pos = list(range(len(p) + c)) + list(range(len(p), len(p) + len(a)))
-                kind = [T.KIND_PROMPT] * len(p) + [T.KIND_CLEAN] * c + [T.KIND_NOISY] * len(a)
-                blk = [-1] * len(p) + [i // L for i in range(c)] + [i // L for i in range(len(a))]
-                mask = T.training_mask(torch.tensor([kind]), torch.tensor([blk]))
+                row = T.build_row(e, tok, rng, noise=hide)
+                ids, pos, mask, tgt, lf = T.make_batch(rng, 1, tok, set(), rows=[row])
                 with torch.no_grad():
-                    logits, _ = model(torch.tensor([ids]), torch.tensor([pos]), mask)
-                pred = logits[0, len(p) + c:].argmax(-1).tolist()
-                hit = [i for i, x in enumerate(noisy) if x == tok.MASK]
-                ok += sum(pred[i] == a[i] for i in hit)
-                total += len(hit)
+                    logits, _ = model(ids, pos, mask)
+                ok += int((logits[lf].argmax(-1) == tgt[lf]).sum())
+                total += int(lf.sum())
             out[fam][str(ratio)] = round(ok / max(total, 1), 3)
     return out
 

@@ -91,11 +91,12 @@ def noise_answer(a: list[int], tok: ByteTokenizer, rng: random.Random) -> tuple[
     return noisy, lossf
 
 
-def build_row(ex: tasks.Example, tok: ByteTokenizer, rng: random.Random, copies: int = 1):
+def build_row(ex: tasks.Example, tok: ByteTokenizer, rng: random.Random, copies: int = 1, noise=None):
     """Token ids, positions, kinds, block ids, copy ids, targets and loss flags for one row.
 
     ``copies`` independent noisy copies of the answer share the prompt and the clean blocks
-    (each copy attends only to itself): more masked positions per forward for little extra cost."""
+    (each copy attends only to itself): more masked positions per forward for little extra cost.
+    ``noise(answer, tok, rng) -> (noisy, loss flags)`` replaces the training noise (probes)."""
     p = tok.encode(ex.prompt)
     a = tok.encode(ex.answer) + [tok.EOS]
     a += [tok.EOS] * (-len(a) % BLOCK)
@@ -106,7 +107,7 @@ def build_row(ex: tasks.Example, tok: ByteTokenizer, rng: random.Random, copies:
     rep = [0] * (len(p) + c)
     tgt, lf = [0] * (len(p) + c), [0] * (len(p) + c)
     for r in range(copies):
-        noisy, lossf = noise_answer(a, tok, rng)
+        noisy, lossf = (noise or noise_answer)(a, tok, rng)
         ids += noisy
         pos += list(range(len(p), len(p) + len(a)))
         kind += [KIND_NOISY] * len(a)

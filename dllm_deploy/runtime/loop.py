@@ -1,9 +1,9 @@
 """The decode loop: one loop for every strategy, every backend, every cache mode.
 
 Per block (L positions, all [MASK] at the start), per iteration:
-    nodes, parents = policy.plan(S, f(S))  # W drafted block states (node 0 = base rule's step)
+    nodes, tree = policy.plan(S, f(S))     # W drafted block states (node 0 = base rule's step)
     f(nodes) = backend.verify(nodes)       # ONE forward, W branches under a tree mask
-    S, f(S) = policy.select(nodes, parents, f)   # as deep as verification allows
+    S, f(S) = policy.select(nodes, tree, f)   # as deep as verification allows
 When a block is full (block-causal model): one fused forward commits its KV and predicts the
 next block's first state; the prompt prefill is fused the same way with the first block. For a
 bidirectional model (LLaDA, Dream) every forward carries the whole canvas [prefix | block | suffix

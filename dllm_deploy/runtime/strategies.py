@@ -65,23 +65,24 @@ class Policy:
         return self.cfg.schedule.tau(step, int((state == self.mask_id).sum()))
 
     def plan(self, state, top_ids, top_probs, step):
-        """W drafted states (W, L) and their parents (node 0's parent is -1, the state S)."""
+        """W drafted states (W, L) and the tree they form (the fixed spec unless pruned)."""
         tau = self._tau(step, state) if self.lossy else None
         nodes = self.drafter.draft(self.draft_spec, state, top_ids, top_probs, step, tau_now=tau)
         if self.draft_spec is self.spec:
-            return nodes, self.spec.parents
+            return nodes, self.spec
         keep = prune(nodes, state, top_ids, top_probs, self.mask_id, self.width)
         index = {old: new for new, old in enumerate(keep)}
-        parents = tuple(index.get(self.draft_spec.parents[i], -1) for i in keep)
-        return nodes[keep], parents
+        spec = TreeSpec(tuple(index.get(self.draft_spec.parents[i], -1) for i in keep),
+                        tuple(self.draft_spec.kinds[i] for i in keep))
+        return nodes[keep], spec
 
-    def select(self, nodes, parents, f_ids, f_probs, step):
+    def select(self, nodes, spec: TreeSpec, f_ids, f_probs, step):
         """(node index, steps accepted). f_ids/f_probs: (W, L, K) = f(node)."""
         m = self.mask_id
-        depths = node_depths(TreeSpec(tuple(parents), (0,) * len(parents)))
+        depths = node_depths(spec)
         cur, steps = 0, 1
         while (nodes[cur] == m).any():
-            kids = [i for i, p in enumerate(parents) if p == cur]
+            kids = spec.children(cur)
             if not kids:
                 break
             nxt = None

@@ -12,6 +12,7 @@ Node 0 is always ``R(S, f(S))`` — the base rule's true next state, known exact
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 
 import numpy as np
 
@@ -83,8 +84,11 @@ def tree_buffers(spec: TreeSpec, p: int, block_len: int, prefix_valid=None):
             np.repeat(np.arange(w), block_len))
 
 
+@lru_cache(maxsize=256)
 def node_depths(spec: TreeSpec) -> list[int]:
-    d = []
+    """Depth of each node (node 0: 0). Cached (do not mutate the list): the decode loop asks
+    once per verification."""
+    d: list[int] = []
     for p in spec.parents:
         d.append(0 if p < 0 else d[p] + 1)
     return d

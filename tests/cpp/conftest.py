@@ -12,6 +12,15 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]
 BUILD_SCRIPT = REPO / "cpp" / "scripts" / "build.sh"
 
+# the five decode strategies every parity check runs (SPD at W 4, chain tree)
+STRATEGIES = {
+    "vanilla": {"strategy": "vanilla"},
+    "threshold": {"strategy": "threshold"},
+    "spd-lossless-vanilla": {"strategy": "spd", "beam_width": 4},
+    "spd-lossless-threshold": {"strategy": "spd", "base": "threshold", "beam_width": 4},
+    "spd-select-threshold": {"strategy": "spd", "select": "threshold", "beam_width": 4},
+}
+
 
 def _build(kind: str) -> Path:
     """cpp/scripts/build.sh (idempotent: a no-op when up to date, as after `make cpp`)."""

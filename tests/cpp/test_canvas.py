@@ -17,18 +17,11 @@ import pytest
 from dllm_deploy.runtime.api import decode_config
 from tests.conftest import write_checkpoint
 
-from .conftest import first_prompts, generate_many, run_generate
+from .conftest import STRATEGIES, first_prompts, generate_many, run_generate
 
 KEYS = ("text", "token_ids", "forwards", "tokens", "accepted_hist", "finished", "beam_width_used",
         "beam_width_requested")
 
-STRATEGIES = {
-    "vanilla": {"strategy": "vanilla"},
-    "threshold": {"strategy": "threshold"},
-    "spd-lossless-vanilla": {"strategy": "spd", "beam_width": 4},
-    "spd-lossless-threshold": {"strategy": "spd", "base": "threshold", "beam_width": 4},
-    "spd-select-threshold": {"strategy": "spd", "select": "threshold", "beam_width": 4},
-}
 # per layout: (block length, gen length); LLaDA runs 3 blocks of 8, Dream 2 of 32
 SHAPES = {"llada": (8, 24), "dream": (32, 64)}
 

@@ -8,7 +8,7 @@ import pytest
 
 from dllm_deploy.runtime.api import decode_config
 
-from .conftest import first_prompts, generate_many, run_generate
+from .conftest import STRATEGIES, first_prompts, generate_many, run_generate
 
 GEN = 64   # tokens per prompt: two blocks of 32, so the fused commit forward runs too
 
@@ -17,11 +17,7 @@ PROMPTS = first_prompts(3)
 
 # the five strategies on 3 prompts; the variants on 1 (keeps the suite near a minute)
 CASES = {
-    "vanilla": {"strategy": "vanilla"},
-    "threshold": {"strategy": "threshold"},
-    "spd-lossless-vanilla-w4": {"strategy": "spd", "beam_width": 4},
-    "spd-lossless-threshold-w4": {"strategy": "spd", "base": "threshold", "beam_width": 4},
-    "spd-select-threshold-w4": {"strategy": "spd", "select": "threshold", "beam_width": 4},
+    **STRATEGIES,
     # tree kinds beyond the chain (runner-up, conservative) and LLaDA's steps schedule
     "spd-binary-threshold-w4": {"strategy": "spd", "tree": "binary", "base": "threshold", "beam_width": 4},
     "spd-wide-select-threshold-w4": {"strategy": "spd", "tree": "wide", "select": "threshold", "beam_width": 4},

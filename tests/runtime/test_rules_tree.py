@@ -96,14 +96,15 @@ def test_policy_prunes_candidates_to_the_beam_width():
     rng = np.random.default_rng(0)
     top_ids = rng.integers(0, 50, size=(8, 2))
     top_p = np.sort(rng.random((8, 2)), axis=1)[:, ::-1]
-    nodes, parents = pol.plan(s, top_ids, top_p, 0)
+    nodes, tree = pol.plan(s, top_ids, top_p, 0)
+    parents = tree.parents
     assert nodes.shape == (3, 8) and parents[0] == -1
     assert all(0 <= p < i for i, p in enumerate(parents) if i)          # a tree: parents come first
     for i, p in enumerate(parents[1:], 1):                              # each child extends its parent
         assert ((nodes[p] == M) | (nodes[i] == nodes[p]) | (nodes[p] != M) & (nodes[i] != M)).all()
         assert (nodes[i] != M).sum() > (nodes[p] != M).sum()
     unpruned = Policy(DecodeConfig(strategy="spd", select="threshold", beam_width=3, tree="binary"), M)
-    assert unpruned.plan(s, top_ids, top_p, 0)[1] == unpruned.spec.parents
+    assert unpruned.plan(s, top_ids, top_p, 0)[1] == unpruned.spec
 
 
 def test_candidates_only_for_the_lossy_mode():
