@@ -174,6 +174,13 @@ def versions() -> dict:
     return out
 
 
+def cost_prefix(max_seq: int, block_length: int, gen_length: int) -> int:
+    """Cached prefix for the forward-cost curve: a prompt plus half the generation. The W branches
+    share the block's L positions (tree verification), so the context bounds it at max_seq - L
+    whatever W is (bounding it by max_seq - W*L left no prefix at all at W=16, L=32, max_seq=512)."""
+    return min(max_seq - block_length, 64 + gen_length // 2)
+
+
 def forward_cost(backend, config, widths, block_length: int, prefix: int, repeats: int = 5) -> list[dict]:
     """Median time of one verification forward of W branches (W * L tokens) after a prefix of
     ``prefix`` cached tokens, for each W. Widths are interleaved across repeats."""
@@ -259,7 +266,7 @@ def run_bench(artifact: str, backends=("torch", "ort"), strategies=("vanilla", "
 
     # forward cost curves (one per backend), before the decode runs
     widths = sorted({1, *[c.beam_width for c in configs]})
-    prefix = min(cfg.max_seq - max(widths) * L, 64 + gen_length // 2)
+    prefix = cost_prefix(cfg.max_seq, L, gen_length)
     # (the C++ runtime runs the same ONNX Runtime graphs: its forwards cost what ORT's do)
     cost = {be: forward_cost(runtimes[be].backend, cfg, widths, L, prefix, cost_repeats) for be in backends if be != "cpp"}
     if "cpp" in backends and "ort" not in cost:

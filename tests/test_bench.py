@@ -124,3 +124,15 @@ def test_tuned_overlay_is_used_and_explained(bench_run, tiny_artifact, tmp_path,
     assert (cfg.strategy, cfg.beam_width, cfg.threshold) == (raw["decode"]["strategy"], raw["decode"]["beam_width"],
                                                             raw["decode"]["threshold"])
     assert rt.decode_config(beam_width=1).beam_width == 1   # an explicit option still wins
+
+
+def test_forward_cost_keeps_a_prefix_at_the_widest_tree(tiny_artifact):
+    """W*L = 512 fills the tiny model's whole context; the cost curve's prefix must not vanish with
+    it (a zero-token prefill fails in ONNX Runtime's Reshape)."""
+    from dllm_deploy import Runtime
+    rt = Runtime.load(artifact=str(tiny_artifact[0]), backend="ort", threads=1)
+    cfg = rt.config
+    prefix = bench.cost_prefix(cfg.max_seq, cfg.block_size, 128)
+    assert prefix == 128 and bench.cost_prefix(512, 32, 1024) == 480
+    (row,) = bench.forward_cost(rt.backend, cfg, [16], cfg.block_size, prefix, repeats=1)
+    assert row["prefix"] == 128 and row["tokens"] == 16 * 32 and row["ms"] > 0

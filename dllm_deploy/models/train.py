@@ -206,6 +206,8 @@ def main(argv=None) -> None:
     ap.add_argument("--ar-steps", type=int, default=0,
                     help="first steps train next-token prediction (causal mask) before block diffusion")
     ap.add_argument("--max-answer", type=int, default=0, help="curriculum: only answers of at most this many bytes")
+    ap.add_argument("--time-limit", type=float, default=0,
+                    help="save and stop once this many seconds have passed (0: no limit); training.json records it")
     args = ap.parse_args(argv)
     SUFFIX_SHARE, COPIES, MAX_ANSWER = args.suffix_share, args.copies, args.max_answer
     for item in filter(None, args.mix.split(",")):
@@ -275,19 +277,21 @@ def main(argv=None) -> None:
             print(f"{(time.time()-t0)/step:.2f}s/step  seq {ids.shape[1]}", flush=True)
             return
         tokens_seen += int(ids.numel())
-        if step % 25 == 0 or (step == 1 and not args.time_steps):
+        if not args.time_steps and (step % 25 == 0 or step == 1):
             rec = {"phase": 2 if args.init_from else 1, "step": step, "loss": round(loss.item(), 4), "loss_ema": round(ema, 4), "masked_acc": round(acc, 4),
                    "objective": "ar" if ar else "mdm",
                    "lr": round(lr, 6), "tokens": tokens_seen, "elapsed_s": round(time.time() - t0, 1)}
             log_f.write(json.dumps(rec) + "\n")
             log_f.flush()
             print(json.dumps(rec), flush=True)
-        if step % args.save_every == 0 or step == args.steps or step == args.stop_after:
+        timed_out = bool(args.time_limit) and time.time() - t0 >= args.time_limit
+        if step % args.save_every == 0 or step == args.steps or step == args.stop_after or timed_out:
             save(model, args.out, {"init_from": str(args.init_from) if args.init_from else None, "seed": args.seed, "steps": step, "target_steps": args.steps, "batch": args.batch,
                                    "lr": args.lr, "params": n_params, "elapsed_s": round(time.time() - t0, 1),
                                    "mix": MIX, "pool": args.pool, "warmup": args.warmup, "threads": args.threads, "device": args.device, "torch": torch.__version__,
-                                   "suffix_share": SUFFIX_SHARE, "copies": COPIES, "max_answer": MAX_ANSWER, "ar_steps": args.ar_steps, "stop_after": args.stop_after, "previous_phase": previous})
-        if step == args.stop_after:
+                                   "suffix_share": SUFFIX_SHARE, "copies": COPIES, "max_answer": MAX_ANSWER, "ar_steps": args.ar_steps, "stop_after": args.stop_after,
+                                   "stopped_by_time_limit": timed_out, "previous_phase": previous})
+        if step == args.stop_after or timed_out:
             break
     log_f.close()
 

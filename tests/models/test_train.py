@@ -1,4 +1,5 @@
 """The training objective's pure parts: rows, the vectorised block-diffusion mask, the warm-up batch."""
+import json
 import random
 
 import torch
@@ -52,3 +53,12 @@ def test_rows_and_warmup_batch():
     # next-token targets on the answer and EOS only: position i predicts token i+1
     assert a_lf[0].nonzero().flatten().tolist() == list(range(p - 1, len(seq) - 1))
     assert a_tgt[0, p - 1].item() == tok.encode("A")[0] and a_tgt[0, len(seq) - 2].item() == tok.EOS
+
+
+def test_time_limit_saves_and_stops(tmp_path):
+    out = tmp_path / "m"
+    train.main(["--out", str(out), "--steps", "50", "--batch", "2", "--pool", "1", "--hidden", "32", "--layers", "1",
+                "--heads", "2", "--kv-heads", "1", "--ffn", "64", "--time-limit", "0.001", "--ar-steps", "1"])
+    meta = json.loads((out / "training.json").read_text())
+    assert meta["steps"] == 1 and meta["stopped_by_time_limit"] is True and meta["target_steps"] == 50
+    assert (out / "model.safetensors").stat().st_size > 0
