@@ -27,6 +27,7 @@ from pathlib import Path
 import numpy as np
 
 from .errors import UserError
+from .runtime.tree import DEFAULT_TREE
 
 STRATEGY_NAMES = ("vanilla", "vanilla-cache", "threshold", "spd")
 
@@ -102,7 +103,7 @@ class Config:
     select: str = "lossless"
     base: str = "vanilla"
     cache: str = "auto"           # vanilla baseline: none (LLaDA recomputes everything)
-    tree: str = "chain"
+    tree: str = DEFAULT_TREE
 
     @property
     def label(self) -> str:
@@ -110,7 +111,7 @@ class Config:
             extra = f" W{self.beam_width} {self.select}" + (f"/{self.base}" if self.select == "lossless" else "")
             if self.select == "threshold" or self.base == "threshold":
                 extra += f" tau{self.threshold}"
-            if self.tree != "chain":
+            if self.tree != DEFAULT_TREE:
                 extra += f" {self.tree}"
         elif self.strategy == "threshold":
             extra = f" tau{self.threshold}"
@@ -125,7 +126,7 @@ class Config:
         return kw
 
 
-def configurations(backends, strategies, beam_widths, thresholds, tree: str = "chain") -> list[Config]:
+def configurations(backends, strategies, beam_widths, thresholds, tree: str = DEFAULT_TREE) -> list[Config]:
     out = []
     for be in backends:
         for s in strategies:
@@ -227,7 +228,7 @@ def _peak_memory(artifact: str, widths, block_length: int, prefix: int) -> dict[
 
 def run_bench(artifact: str, backends=("torch", "ort"), strategies=("vanilla", "threshold", "spd"),
               beam_widths=(1, 2, 4, 8), thresholds=(0.9,), families=None, n: int = 5, repeats: int = 3,
-              gen_length: int = 256, tree: str = "chain", batch_size: int = 1, cost_repeats: int = 5,
+              gen_length: int = 256, tree: str = DEFAULT_TREE, batch_size: int = 1, cost_repeats: int = 5,
               memory: bool = False, device: str = "cpu", progress=None) -> dict:
     from .evals import tasks
     from .evals.harness import run_eval

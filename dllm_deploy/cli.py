@@ -41,8 +41,10 @@ def _add_decode_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tokens-per-step", type=int, default=None, help="vanilla: tokens committed per step (k)")
     p.add_argument("--steps", type=int, default=None, help="vanilla: LLaDA steps over the whole generation")
     p.add_argument("--beam-width", type=int, default=None, help="spd: branches verified per forward (W)")
-    p.add_argument("--tree", default=None, help="spd: tree preset (chain | binary | wide)")
+    p.add_argument("--tree", default=None, help="spd: tree preset (chain | binary | wide | fork)")
     p.add_argument("--threshold", type=float, default=None, help="threshold tau (default 0.9)")
+    p.add_argument("--draft-tau", type=float, default=None,
+                   help="spd: threshold the chain drafts commit at (threshold base, lossy mode; default: --threshold)")
     p.add_argument("--select", default=None, help="spd: lossless | threshold")
     p.add_argument("--base", default=None, help="spd lossless: vanilla | threshold")
     p.add_argument("--candidates", type=int, default=None,
@@ -54,7 +56,7 @@ def _add_decode_flags(p: argparse.ArgumentParser) -> None:
 def _decode_kwargs(a) -> dict:
     return dict(strategy=a.strategy, gen_length=a.gen_length, block_length=a.block_length,
                 tokens_per_step=a.tokens_per_step, steps=a.steps, beam_width=a.beam_width, tree=a.tree,
-                threshold=a.threshold, select=a.select, base=a.base, cache=a.cache, candidates=a.candidates)
+                threshold=a.threshold, draft_tau=a.draft_tau, select=a.select, base=a.base, cache=a.cache, candidates=a.candidates)
 
 
 def _runtime(a):
@@ -350,7 +352,7 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--n", type=int, default=5, help="prompts per family")
     b.add_argument("--repeats", type=int, default=3, help="interleaved repeats (medians reported)")
     b.add_argument("--gen-length", type=int, default=256, help="token budget per prompt")
-    b.add_argument("--tree", default="chain", help="spd tree preset (chain | binary | wide)")
+    b.add_argument("--tree", default="fork", help="spd tree preset (chain | binary | wide | fork)")
     b.add_argument("--device", default="cpu", help="device of the torch backend (cpu, cuda)")
     b.add_argument("--batch-size", type=int, default=1, help="prompts decoded together (1: per-request latency)")
     b.add_argument("--memory", action="store_true", help="also measure ORT peak memory per beam width (subprocesses)")

@@ -12,8 +12,8 @@ from pathlib import Path
 STRATEGIES = [
     ("vanilla", {"strategy": "vanilla"}),
     ("threshold 0.9", {"strategy": "threshold", "threshold": 0.9}),
-    ("spd lossless W4", {"strategy": "spd", "beam_width": 4, "tree": "chain"}),
-    ("spd lossless/thr W4", {"strategy": "spd", "beam_width": 4, "tree": "chain", "base": "threshold"}),
+    ("spd lossless W4", {"strategy": "spd", "beam_width": 4, "tree": "fork"}),
+    ("spd lossless/thr W4", {"strategy": "spd", "beam_width": 4, "tree": "fork", "base": "threshold"}),
     ("spd threshold W4", {"strategy": "spd", "beam_width": 4, "select": "threshold"}),
 ]
 

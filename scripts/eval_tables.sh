@@ -14,14 +14,19 @@ rm -f "$OUT"/*.json
 # shellcheck disable=SC2086
 run() { local name=$1; shift; echo "== $name" >&2; $CLI eval $MODEL --n "$N" --json "$@" > "$OUT/$name.json"; }
 run vanilla --strategy vanilla
-run threshold_0.9 --strategy threshold --threshold 0.9 --tasks $FAMS
-for W in 1 2 4 8; do
-  run spd_lossless_vanilla_W$W --strategy spd --beam-width "$W" --tree chain --select lossless --base vanilla --tasks $FAMS
-  run spd_lossless_threshold_W$W --strategy spd --beam-width "$W" --tree chain --select lossless --base threshold --threshold 0.9 --tasks $FAMS
-  run spd_lossy_W$W --strategy spd --beam-width "$W" --tree chain --select threshold --tasks $FAMS
+for TAU in 0.9 0.95 0.99; do
+  run threshold_$TAU --strategy threshold --threshold "$TAU" --tasks $FAMS
 done
-run spd_lossy_W4_binary_pruned16 --strategy spd --beam-width 4 --tree binary --candidates 16 --select threshold --tasks $FAMS
-run spd_lossy_W4_binary --strategy spd --beam-width 4 --tree binary --select threshold --tasks $FAMS
+for W in 1 2 4 8; do
+  run spd_lossless_vanilla_W$W --strategy spd --beam-width "$W" --tree fork --select lossless --base vanilla --tasks $FAMS
+  run spd_lossless_threshold_W$W --strategy spd --beam-width "$W" --tree fork --select lossless --base threshold --threshold 0.9 --tasks $FAMS
+  run spd_lossy_W$W --strategy spd --beam-width "$W" --tree fork --select threshold --tasks $FAMS
+done
+# the chain tree at W 8 (the default before the fork tree) and lossy-mode pruning of 16 drafted nodes to 4
+run spd_lossless_vanilla_W8_chain --strategy spd --beam-width 8 --tree chain --select lossless --base vanilla --tasks $FAMS
+run spd_lossless_threshold_W8_chain --strategy spd --beam-width 8 --tree chain --select lossless --base threshold --threshold 0.9 --tasks $FAMS
+run spd_lossy_W8_chain --strategy spd --beam-width 8 --tree chain --select threshold --tasks $FAMS
+run spd_lossy_W4_pruned16 --strategy spd --beam-width 4 --tree fork --candidates 16 --select threshold --tasks $FAMS
 python3 - "$OUT" <<'PY'
 import json, pathlib, sys
 out = pathlib.Path(sys.argv[1])

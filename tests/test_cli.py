@@ -47,6 +47,7 @@ def test_eval_json_keys(capsys):
     (["generate", "--model", "/no/such/dir", "--prompt", "x"], "no such model folder"),
     (["generate", "--prompt", "x", "--strategy", "greedy"], "unknown strategy 'greedy'"),
     (["generate", "--prompt", "x", "--threshold", "1.5"], "threshold must be in (0, 1]"),
+    (["generate", "--prompt", "x", "--strategy", "spd", "--draft-tau", "0"], "draft tau must be in (0, 1]"),
     (["generate", "--prompt", "x" * 600], "exceeds the model's max_seq 512"),
     (["generate", "--prompt", "x", "--cache", "triple"], "unknown cache mode 'triple'"),
     (["generate", "--artifact", "/no/such/artifact", "--prompt", "x"], "no such artifact folder"),

@@ -27,9 +27,9 @@ namespace {
 const char* kUsage =
     "usage: dllm-generate --artifact DIR (--prompt TEXT | --prompts-file FILE) [--strategy vanilla|threshold|spd]\n"
     "                     [--gen-length N] [--block-length L] [--tokens-per-step K] [--steps S]\n"
-    "                     [--beam-width W] [--max-beam-width W] [--tree chain|binary|wide] [--threshold TAU]\n"
-    "                     [--select lossless|threshold] [--base vanilla|threshold] [--cache auto|none|exact|prefix|dual]\n"
-    "                     [--precision fp32|int8] [--threads N] [--no-verify] [--json]\n";
+    "                     [--beam-width W] [--max-beam-width W] [--tree chain|binary|wide|fork] [--threshold TAU]\n"
+    "                     [--draft-tau TAU] [--select lossless|threshold] [--base vanilla|threshold]\n"
+    "                     [--cache auto|none|exact|prefix|dual] [--precision fp32|int8] [--threads N] [--no-verify] [--json]\n";
 
 struct UsageError {
   std::string message;
@@ -123,6 +123,7 @@ int run(int argc, char** argv) {
     else if (flag == "--max-beam-width") ropt.max_beam_width = to_int(flag, v);
     else if (flag == "--tree") cfg.tree = v;
     else if (flag == "--threshold") cfg.threshold = to_double(flag, v);
+    else if (flag == "--draft-tau") cfg.draft_tau = to_double(flag, v);
     else if (flag == "--select") cfg.select = v;
     else if (flag == "--base") cfg.base = v;
     else if (flag == "--cache") cfg.cache = v;

@@ -131,7 +131,7 @@ void dllm_decode_config_init(dllm_decode_config* c) {
   c->steps = d.steps;
   c->threshold = d.threshold;
   c->beam_width = d.beam_width;
-  c->tree = "chain";
+  c->tree = "fork";
   c->select = "lossless";
   c->base = "vanilla";
   c->draft_tau = d.draft_tau;
@@ -164,7 +164,7 @@ dllm_error* dllm_runtime_generate(dllm_runtime* rt, const char* prompt, const dl
     d.steps = c.steps;
     d.threshold = c.threshold;
     d.beam_width = c.beam_width;
-    d.tree = or_default(c.tree, "chain");
+    d.tree = or_default(c.tree, "fork");
     d.select = or_default(c.select, "lossless");
     d.base = or_default(c.base, "vanilla");
     d.draft_tau = c.draft_tau;

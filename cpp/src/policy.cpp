@@ -37,10 +37,11 @@ void validate(const DecodeOptions& c) {
   if (c.base != "vanilla" && c.base != "threshold")
     user_error("unknown base rule " + quoted(c.base) + " (expected vanilla or threshold)");
   if (!(c.threshold > 0.0 && c.threshold <= 1.0)) user_error("threshold must be in (0, 1], got " + fmt(c.threshold));
+  if (!(c.draft_tau >= 0.0 && c.draft_tau <= 1.0)) user_error("draft tau must be in (0, 1], got " + fmt(c.draft_tau));
   if (c.beam_width < 1) user_error("beam width must be >= 1, got " + std::to_string(c.beam_width));
   if (c.tokens_per_step < 1) user_error("tokens per step must be >= 1, got " + std::to_string(c.tokens_per_step));
-  if (c.tree != "chain" && c.tree != "binary" && c.tree != "wide")
-    user_error("unknown tree preset " + quoted(c.tree) + " (expected one of chain, binary, wide)");
+  if (c.tree != "chain" && c.tree != "binary" && c.tree != "wide" && c.tree != "fork")
+    user_error("unknown tree preset " + quoted(c.tree) + " (expected one of chain, binary, wide, fork)");
   if (c.steps < 0) user_error("steps must be >= 1, got " + std::to_string(c.steps));
   if (c.block_length < 1 || c.gen_length < 1) user_error("block length and gen length must be >= 1");
 }
@@ -56,12 +57,13 @@ TreeSpec make_tree(const std::string& preset, int width) {
   };
   if (preset == "chain") {
     for (int i = 1; i < width; ++i) add(i - 1, kChain);
-  } else if (preset == "binary") {  // each chain node: a chain child and a runner-up child (a leaf)
+  } else if (preset == "binary" || preset == "fork") {  // each chain node: a chain child and a leaf
+    const int leaf = preset == "binary" ? kRunnerUp : kAltPosition;  // runner-up token / position
     int tip = 0;
     while (t.width() < width) {
       add(tip, kChain);
       int new_tip = t.width() - 1;
-      if (t.width() < width) add(tip, kRunnerUp);
+      if (t.width() < width) add(tip, leaf);
       tip = new_tip;
     }
   } else if (preset == "wide") {  // node 0: chain, runner-up and conservative children; then a chain
@@ -73,7 +75,7 @@ TreeSpec make_tree(const std::string& preset, int width) {
       tip = t.width() - 1;
     }
   } else {
-    user_error("unknown tree preset " + quoted(preset) + " (expected one of chain, binary, wide)");
+    user_error("unknown tree preset " + quoted(preset) + " (expected one of chain, binary, wide, fork)");
   }
   return t;
 }
@@ -190,13 +192,17 @@ void Policy::plan(const int64_t* state, const int64_t* top_ids, const float* top
     } else if (rule_.vanilla) {
       take = std::max<int64_t>(1, rule_.count(L_, dstep));
     } else {
-      const float tau = static_cast<float>(has_draft_tau_ ? cfg_.draft_tau : rule_.tau);
+      const float tau = static_cast<float>(has_draft_tau_ && cfg_.draft_tau > 0.0 ? cfg_.draft_tau : rule_.tau);
       int64_t above = 0;
       for (int r = 0; r < n_masked; ++r) above += p1_[ranked_[r]] >= tau;
       take = std::max<int64_t>(1, above);
     }
     take = std::min<int64_t>(take, n_masked);
     for (int64_t r = 0; r < take; ++r) child[ranked_[r]] = ids1_[ranked_[r]];
+    if (spec_.kinds[i] == kAltPosition && take < n_masked) {  // the last taken position gives way
+      child[ranked_[take - 1]] = parent[ranked_[take - 1]];
+      child[ranked_[take]] = ids1_[ranked_[take]];
+    }
     if (spec_.kinds[i] == kRunnerUp && k > 1) child[ranked_[0]] = top_ids[ranked_[0] * k + 1];
   }
 }

@@ -31,10 +31,10 @@ struct DecodeOptions {      // = Python's DecodeConfig (runtime/strategies.py)
   int steps = 0;                     // vanilla: LLaDA steps over gen_length; 0 = unset (None)
   double threshold = 0.9;            // threshold rule tau (and the spd threshold base)
   int beam_width = 4;                // spd: W
-  std::string tree = "chain";        // spd tree preset: chain | binary | wide
+  std::string tree = "fork";         // spd tree preset: chain | binary | wide | fork
   std::string select = "lossless";   // spd: lossless | threshold
   std::string base = "vanilla";      // spd lossless base rule: vanilla | threshold
-  double draft_tau = 0.5;            // spd: threshold chain drafts use
+  double draft_tau = 0.0;            // spd: threshold chain drafts use (0: the threshold)
   Schedule schedule;                 // spd lossy mode tau
   std::string cache = "auto";        // auto | none | exact | prefix | dual (loop.py::resolve_cache)
 };
@@ -42,7 +42,7 @@ struct DecodeOptions {      // = Python's DecodeConfig (runtime/strategies.py)
 // Mirrors dllm_deploy.runtime.api.decode_config's checks (same messages).
 void validate(const DecodeOptions& cfg);
 
-enum NodeKind { kChain = 0, kRunnerUp = 1, kConservative = 2 };
+enum NodeKind { kChain = 0, kRunnerUp = 1, kConservative = 2, kAltPosition = 3 };
 
 struct TreeSpec {
   std::vector<int> parents;  // parents[i]: node i's parent (-1: the current block state S)
@@ -50,7 +50,7 @@ struct TreeSpec {
   int width() const { return static_cast<int>(parents.size()); }
 };
 
-TreeSpec make_tree(const std::string& preset, int width);  // chain | binary | wide
+TreeSpec make_tree(const std::string& preset, int width);  // chain | binary | wide | fork
 std::vector<int> node_depths(const TreeSpec& spec);
 
 // Vanilla (k most confident per step, or LLaDA's steps schedule) or Threshold (every p >= tau,

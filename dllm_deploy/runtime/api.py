@@ -24,6 +24,8 @@ def decode_config(**kw) -> DecodeConfig:
         raise UserError(f"unknown base rule {cfg.base!r} (expected vanilla or threshold)")
     if not 0.0 < cfg.threshold <= 1.0:
         raise UserError(f"threshold must be in (0, 1], got {cfg.threshold}")
+    if cfg.draft_tau is not None and not 0.0 < cfg.draft_tau <= 1.0:
+        raise UserError(f"draft tau must be in (0, 1], got {cfg.draft_tau}")
     if cfg.beam_width < 1:
         raise UserError(f"beam width must be >= 1, got {cfg.beam_width}")
     if cfg.tokens_per_step < 1:

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .rules import Threshold, ThresholdSchedule, Vanilla
-from .tree import Drafter, TreeSpec, make_tree, node_depths
+from .tree import DEFAULT_TREE, Drafter, TreeSpec, make_tree, node_depths
 
 STRATEGIES = ("vanilla", "threshold", "spd")
 SELECTS = ("lossless", "threshold")
@@ -28,10 +28,10 @@ class DecodeConfig:
     steps: int | None = None          # vanilla: LLaDA steps over gen_length (overrides k)
     threshold: float = 0.9            # threshold rule tau (and the spd threshold base)
     beam_width: int = 4               # spd: W drafted block states verified per forward
-    tree: str = "chain"               # spd: tree preset (chain | binary | wide)
+    tree: str = DEFAULT_TREE          # spd: tree preset (chain | binary | wide | fork)
     select: str = "lossless"          # spd: lossless | threshold (lossy, dynamic tau)
     base: str = "vanilla"             # spd lossless: the rule it reproduces (vanilla | threshold)
-    draft_tau: float = 0.5            # spd: threshold chain drafts use (threshold base, lossy mode)
+    draft_tau: float | None = None    # spd: threshold chain drafts use (threshold base, lossy mode; None: threshold)
     schedule: ThresholdSchedule = field(default_factory=ThresholdSchedule)  # lossy mode's tau
     cache: str = "auto"               # none | prefix | dual | exact | auto (exact if block-causal)
     topk: int = 2                     # ids/probabilities the verifier returns per position

@@ -6,6 +6,8 @@ A tree spec lists W nodes; ``parents[i]`` is node i's parent (-1: the current bl
     0  chain        the draft rule applied on the stale predictions f(S)
     1  runner-up    as 0, but the first newly committed position takes its runner-up token
     2  conservative as 0 with the rule's most conservative step (one token: the most confident)
+    3  alt-position as 0, but the least confident position it would take gives way to the next one
+                    in the stale ranking (vanilla: the runner-up position instead of the first)
 
 Node 0 is always ``R(S, f(S))`` — the base rule's true next state, known exactly.
 """
@@ -19,8 +21,9 @@ import numpy as np
 from ..models.masks import tree_mask, tree_positions
 from .rules import Threshold, Vanilla, _ranked_masked, commit
 
-CHAIN, RUNNER_UP, CONSERVATIVE = 0, 1, 2
-PRESETS = ("chain", "binary", "wide")
+CHAIN, RUNNER_UP, CONSERVATIVE, ALT_POSITION = 0, 1, 2, 3
+PRESETS = ("chain", "binary", "wide", "fork")
+DEFAULT_TREE = "fork"   # the best measured on the tiny model (docs/algorithms.md)
 
 
 @dataclass(frozen=True)
@@ -42,6 +45,8 @@ def make_tree(preset: str, width: int) -> TreeSpec:
     chain   0 <- 1 <- 2 <- ...                                  (depth W)
     binary  each chain node gets a chain child and a runner-up child (alternatives are leaves)
     wide    node 0 gets a chain, a runner-up and a conservative child; then a chain
+    fork    as binary, with alt-position leaves: for a confident model the drafted tokens are
+            right and the ORDER of near-certain positions is what a chain guesses wrong
     """
     if width < 1:
         raise ValueError("beam width must be >= 1")
@@ -50,7 +55,8 @@ def make_tree(preset: str, width: int) -> TreeSpec:
         for i in range(1, width):
             parents.append(i - 1)
             kinds.append(CHAIN)
-    elif preset == "binary":
+    elif preset in ("binary", "fork"):
+        leaf = RUNNER_UP if preset == "binary" else ALT_POSITION
         tip = 0
         while len(parents) < width:
             parents.append(tip)
@@ -58,7 +64,7 @@ def make_tree(preset: str, width: int) -> TreeSpec:
             new_tip = len(parents) - 1
             if len(parents) < width:
                 parents.append(tip)
-                kinds.append(RUNNER_UP)
+                kinds.append(leaf)
             tip = new_tip
     elif preset == "wide":
         for k in (CHAIN, RUNNER_UP, CONSERVATIVE):
@@ -117,6 +123,8 @@ class Drafter:
         else:
             tau = self.draft_tau if self.draft_tau is not None else self.rule.tau
             take = ranked[:max(1, int((probs[ranked] >= tau).sum()))]
+        if kind == ALT_POSITION and take.size < ranked.size:
+            take = np.concatenate([take[:-1], ranked[take.size:take.size + 1]])
         child = commit(parent, ids, take)
         return child, take
 

@@ -71,6 +71,7 @@ CASES = {
     "unknown strategy": ("good", ["--strategy", "greedy"], "unknown strategy 'greedy'", True),
     "unknown tree": ("good", ["--strategy", "spd", "--tree", "bushy"], "unknown tree preset 'bushy'", True),
     "threshold out of range": ("good", ["--threshold", "1.5"], "threshold must be in (0, 1]", True),
+    "draft tau out of range": ("good", ["--strategy", "spd", "--draft-tau", "1.5"], "draft tau must be in (0, 1]", True),
     "absent precision": ("good", ["--precision", "fp16"], "has no 'fp16' variant (it has fp32, int8)", True),
     "unknown cache mode": ("good", ["--cache", "full"], "unknown cache mode 'full'", True),
     "cache exact, bidirectional": ("bidi", ["--cache", "exact"], "cache mode 'exact' needs a block-causal model", True),
@@ -88,7 +89,7 @@ def _python_message(artifact: Path, extra: list[str]) -> str:
     opts = dict(zip(extra[::2], extra[1::2]))
     prompt = opts.pop("--prompt", PROMPT)
     precision = opts.pop("--precision", "fp32")
-    kw = {k[2:].replace("-", "_"): (float(v) if k == "--threshold" else v) for k, v in opts.items()}
+    kw = {k[2:].replace("-", "_"): (float(v) if k in ("--threshold", "--draft-tau") else v) for k, v in opts.items()}
     try:
         rt = Runtime.load(artifact=str(artifact), precision=precision)
         rt.decoder.generate([prompt], decode_config(gen_length=64, **kw))

@@ -22,8 +22,12 @@ CASES = {
     "spd-binary-threshold-w4": {"strategy": "spd", "tree": "binary", "base": "threshold", "beam_width": 4},
     "spd-wide-select-threshold-w4": {"strategy": "spd", "tree": "wide", "select": "threshold", "beam_width": 4},
     "vanilla-steps": {"strategy": "vanilla", "steps": 40},
+    # chain drafts below the threshold (the default drafts at the threshold itself)
+    "spd-chain-threshold-w4-draft-tau": {"strategy": "spd", "base": "threshold", "beam_width": 4, "draft_tau": 0.5},
+    "spd-fork-w6": {"strategy": "spd", "tree": "fork", "beam_width": 6},
 }
-N_PROMPTS = {"spd-binary-threshold-w4": 1, "spd-wide-select-threshold-w4": 1, "vanilla-steps": 1}
+N_PROMPTS = {"spd-binary-threshold-w4": 1, "spd-wide-select-threshold-w4": 1, "vanilla-steps": 1,
+             "spd-chain-threshold-w4-draft-tau": 1, "spd-fork-w6": 1}
 
 KEYS = ("text", "token_ids", "forwards", "tokens", "accepted_hist", "finished", "beam_width_used",
         "beam_width_requested")

@@ -75,7 +75,7 @@ def vanilla_base(tiny_runtime):
     return prompts, tiny_runtime.generate(prompts, strategy="vanilla")
 
 
-@pytest.mark.parametrize("tree, width", [("chain", 2), ("chain", 8), ("binary", 4), ("wide", 6)])
+@pytest.mark.parametrize("tree, width", [("chain", 2), ("chain", 8), ("binary", 4), ("wide", 6), ("fork", 8)])
 def test_spd_lossless_equals_vanilla(tiny_runtime, vanilla_base, tree, width):
     prompts, base = vanilla_base
     spd = tiny_runtime.generate(prompts, strategy="spd", beam_width=width, tree=tree, select="lossless", base="vanilla")
@@ -104,7 +104,7 @@ def test_spd_lossless_property_random_prompts(tiny_runtime):
     for base, kw in (("vanilla", {}), ("threshold", {"threshold": 0.8})):
         ref = tiny_runtime.generate(prompts, strategy=base, gen_length=96, **kw)
         got = tiny_runtime.generate(prompts, strategy="spd", beam_width=rng.choice([2, 3, 5]), base=base,
-                                    tree=rng.choice(["chain", "binary", "wide"]), gen_length=96, **kw)
+                                    tree=rng.choice(["chain", "binary", "wide", "fork"]), gen_length=96, **kw)
         assert [g.token_ids for g in got] == [r.token_ids for r in ref]
 
 

@@ -2,7 +2,8 @@ import numpy as np
 import pytest
 
 from dllm_deploy.runtime.rules import Threshold, ThresholdSchedule, Vanilla
-from dllm_deploy.runtime.tree import CHAIN, CONSERVATIVE, RUNNER_UP, Drafter, make_tree, node_depths, tree_buffers
+from dllm_deploy.runtime.tree import (ALT_POSITION, CHAIN, CONSERVATIVE, RUNNER_UP, Drafter, make_tree, node_depths,
+                                      tree_buffers)
 
 M = 99  # mask id
 
@@ -45,6 +46,8 @@ def test_tree_presets_hand_drawn():
     assert w.parents == (-1, 0, 0, 0, 1, 4)
     assert w.kinds == (CHAIN, CHAIN, RUNNER_UP, CONSERVATIVE, CHAIN, CHAIN)
     assert node_depths(w) == [0, 1, 1, 1, 2, 3]
+    f = make_tree("fork", 5)
+    assert f.parents == b.parents and f.kinds == (CHAIN, CHAIN, ALT_POSITION, CHAIN, ALT_POSITION)
     assert make_tree("chain", 1).parents == (-1,)
     with pytest.raises(ValueError):
         make_tree("bushy", 3)
@@ -67,6 +70,34 @@ def test_drafter_chain_and_runner_up():
     assert nodes[0].tolist() == [M, 2, M]        # base rule: most confident position
     assert nodes[1].tolist() == [M, 2, 3]        # chain: next most confident on stale f
     assert nodes[2].tolist() == [M, 2, 13]       # runner-up token at the chain's position
+
+
+def test_fork_leaves_take_the_next_position_in_the_stale_ranking():
+    spec = make_tree("fork", 3)            # node0, chain child, alt-position child
+    s = np.array([M, M, M, M])
+    top_ids = np.array([[1, 11], [2, 12], [3, 13], [4, 14]])
+    top_p = np.array([[0.3, 0.2], [0.9, 0.05], [0.6, 0.3], [0.5, 0.1]])
+    nodes = Drafter(Vanilla(1), M).draft(spec, s, top_ids, top_p, 0)
+    assert nodes[0].tolist() == [M, 2, M, M]     # base rule: most confident position
+    assert nodes[1].tolist() == [M, 2, 3, M]     # chain: the next one (0.6)
+    assert nodes[2].tolist() == [M, 2, M, 4]     # alt-position: the one after it (0.5) instead
+    # threshold drafts: the least confident position of the drafted set gives way to the next
+    spec = make_tree("fork", 3)
+    thr = Drafter(Threshold(0.9), M, draft_tau=0.55).draft(spec, s, top_ids, top_p, 0)
+    assert thr[1].tolist() == [M, 2, 3, M] and thr[2].tolist() == [M, 2, M, 4]
+
+
+def test_threshold_drafts_default_to_the_threshold():
+    from dllm_deploy.runtime.strategies import DecodeConfig, Policy
+    s = np.full(4, M)
+    top_ids = np.array([[1, 11], [2, 12], [3, 13], [4, 14]])
+    top_p = np.array([[0.95, 0.0], [0.85, 0.1], [0.6, 0.3], [0.3, 0.2]])
+    for draft_tau, child in ((None, [1, 2, M, M]), (0.5, [1, 2, 3, M])):
+        pol = Policy(DecodeConfig(strategy="spd", base="threshold", threshold=0.9, beam_width=2, draft_tau=draft_tau), M)
+        nodes, _ = pol.plan(s, top_ids, top_p, 0)
+        assert nodes[0].tolist() == [1, M, M, M]       # node 0: the rule at tau 0.9
+        # the chain child: nothing else >= 0.9 -> the single most confident; at 0.5 -> both above it
+        assert nodes[1].tolist() == child
 
 
 def test_draft_scores_and_pruning_hand_drawn():

@@ -87,10 +87,10 @@ typedef struct dllm_decode_config {
   int32_t steps;           /* vanilla: LLaDA steps over gen_length; 0 = unset (use k) */
   double threshold;        /* threshold rule tau, and the spd threshold base (0.9) */
   int32_t beam_width;      /* spd: W drafted block states verified per forward (4) */
-  const char* tree;        /* spd tree preset: "chain" | "binary" | "wide" */
+  const char* tree;        /* spd tree preset: "fork" (default) | "chain" | "binary" | "wide" */
   const char* select;      /* spd: "lossless" | "threshold" (lossy, dynamic tau) */
   const char* base;        /* spd lossless: the rule it reproduces, "vanilla" | "threshold" */
-  double draft_tau;        /* spd: threshold that chain drafts use (0.5) */
+  double draft_tau;        /* spd: threshold that chain drafts use (0: the threshold, default) */
   double schedule_init;    /* lossy mode tau: starts at init (0.93), */
   double schedule_decay;   /*   multiplied by decay per step (0.97), */
   double schedule_floor;   /*   never below floor (0.85), */
