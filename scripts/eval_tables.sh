@@ -26,6 +26,10 @@ done
 run spd_lossless_vanilla_W8_chain --strategy spd --beam-width 8 --tree chain --select lossless --base vanilla --tasks $FAMS
 run spd_lossless_threshold_W8_chain --strategy spd --beam-width 8 --tree chain --select lossless --base threshold --threshold 0.9 --tasks $FAMS
 run spd_lossy_W8_chain --strategy spd --beam-width 8 --tree chain --select threshold --tasks $FAMS
+# lossless SPD over the threshold rule at tau 0.99 (the tau at which threshold keeps vanilla's accuracy)
+for W in 4 8; do
+  run spd_lossless_threshold_0.99_W$W --strategy spd --beam-width "$W" --tree fork --select lossless --base threshold --threshold 0.99 --tasks $FAMS
+done
 run spd_lossy_W4_pruned16 --strategy spd --beam-width 4 --tree fork --candidates 16 --select threshold --tasks $FAMS
 python3 - "$OUT" <<'PY'
 import json, pathlib, sys
