@@ -12,9 +12,12 @@ from pathlib import Path
 STRATEGIES = [
     ("vanilla", {"strategy": "vanilla"}),
     ("threshold 0.9", {"strategy": "threshold", "threshold": 0.9}),
-    ("spd lossless W4", {"strategy": "spd", "beam_width": 4, "tree": "fork"}),
-    ("spd lossless/thr W4", {"strategy": "spd", "beam_width": 4, "tree": "fork", "base": "threshold"}),
+    ("spd lossless W4", {"strategy": "spd", "beam_width": 4}),
+    ("spd lossless/thr W4", {"strategy": "spd", "beam_width": 4, "base": "threshold"}),
     ("spd threshold W4", {"strategy": "spd", "beam_width": 4, "select": "threshold"}),
+    # the tau at which the threshold rule keeps vanilla's accuracy on this model, and SPD over it
+    ("threshold 0.99", {"strategy": "threshold", "threshold": 0.99}),
+    ("spd lossless/thr.99 W8", {"strategy": "spd", "beam_width": 8, "base": "threshold", "threshold": 0.99}),
 ]
 
 
