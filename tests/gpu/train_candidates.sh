@@ -9,13 +9,14 @@
 #    saved at the time limit (training.json records whether it finished), and packs each folder
 #    as $OUT/NAME.tgz for `dllm-deploy eval --model FOLDER` on the CPU machine.
 # A recipe is NAME:ARGS with the train flags comma-separated, e.g. r1:--steps,8000,--ar-steps,3500.
+# PY=python to pick the interpreter; DEVICE=cpu for a dry run (tiny recipes) on a machine without a GPU.
 set -u
 OUT=${OUT:?set OUT to a folder for the results}
 LIMIT=${1:-380}
 shift || true
 RECIPES=("$@")
 [ ${#RECIPES[@]} -gt 0 ] || RECIPES=(r1:--steps,8000,--ar-steps,3500 r2:--steps,7500,--ar-steps,5000 r3:--steps,12000,--ar-steps,6000)
-export PYTHONPATH=$PWD PYTHONUNBUFFERED=1  # DEVICE=cpu for a dry run
+export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
 PY=${PY:-python3}
 mkdir -p "$OUT"
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader

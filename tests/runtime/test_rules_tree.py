@@ -82,7 +82,6 @@ def test_fork_leaves_take_the_next_position_in_the_stale_ranking():
     assert nodes[1].tolist() == [M, 2, 3, M]     # chain: the next one (0.6)
     assert nodes[2].tolist() == [M, 2, M, 4]     # alt-position: the one after it (0.5) instead
     # threshold drafts: the least confident position of the drafted set gives way to the next
-    spec = make_tree("fork", 3)
     thr = Drafter(Threshold(0.9), M, draft_tau=0.55).draft(spec, s, top_ids, top_p, 0)
     assert thr[1].tolist() == [M, 2, 3, M] and thr[2].tolist() == [M, 2, M, 4]
 
