@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 from .errors import UserError
+from .runtime.tree import DEFAULT_TREE, PRESETS
 
 
 def _progress(total: int, label: str, enabled: bool):
@@ -41,7 +42,7 @@ def _add_decode_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tokens-per-step", type=int, default=None, help="vanilla: tokens committed per step (k)")
     p.add_argument("--steps", type=int, default=None, help="vanilla: LLaDA steps over the whole generation")
     p.add_argument("--beam-width", type=int, default=None, help="spd: branches verified per forward (W)")
-    p.add_argument("--tree", default=None, help="spd: tree preset (chain | binary | wide | fork)")
+    p.add_argument("--tree", default=None, help=f"spd: tree preset ({' | '.join(PRESETS)}; default {DEFAULT_TREE})")
     p.add_argument("--threshold", type=float, default=None, help="threshold tau (default 0.9)")
     p.add_argument("--draft-tau", type=float, default=None,
                    help="spd: threshold the chain drafts commit at (threshold base, lossy mode; default: --threshold)")
@@ -352,7 +353,7 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--n", type=int, default=5, help="prompts per family")
     b.add_argument("--repeats", type=int, default=3, help="interleaved repeats (medians reported)")
     b.add_argument("--gen-length", type=int, default=256, help="token budget per prompt")
-    b.add_argument("--tree", default="fork", help="spd tree preset (chain | binary | wide | fork)")
+    b.add_argument("--tree", default=DEFAULT_TREE, help=f"spd tree preset ({' | '.join(PRESETS)})")
     b.add_argument("--device", default="cpu", help="device of the torch backend (cpu, cuda)")
     b.add_argument("--batch-size", type=int, default=1, help="prompts decoded together (1: per-request latency)")
     b.add_argument("--memory", action="store_true", help="also measure ORT peak memory per beam width (subprocesses)")

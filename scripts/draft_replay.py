@@ -45,11 +45,6 @@ def trajectories(artifact: str, n: int):
     return out, m
 
 
-def ranked(state, probs, m):
-    pos = np.flatnonzero(state == m)
-    return pos[np.argsort(-probs[pos], kind="stable")]
-
-
 def replay(trajs, m, preset: str, width: int) -> float:
     """Mean extra steps accepted per verification by lossless select over the preset's drafts."""
     from dllm_deploy.runtime.rules import Vanilla
@@ -58,15 +53,11 @@ def replay(trajs, m, preset: str, width: int) -> float:
     total = count = 0
     for traj in trajs:
         for t, (state, ids, probs) in enumerate(traj):
-            nodes = drafter.draft(spec, state, np.stack([ids, ids], 1), np.stack([probs, probs * 0], 1), 0)
+            nodes = drafter.draft(spec, state, ids[:, None], probs[:, None], 0)   # node 0 = traj[t + 1]
             cur, depth = 0, 0
-            while t + depth + 1 < len(traj):
-                truth = traj[t + depth + 1][0]
-                after = traj[t + depth + 2][0] if t + depth + 2 < len(traj) else None
-                if not np.array_equal(nodes[cur], truth):
-                    break
-                kids = spec.children(cur)
-                nxt = next((c for c in kids if after is not None and np.array_equal(nodes[c], after)), None)
+            while t + depth + 2 < len(traj):           # the state vanilla reaches after node `cur`
+                after = traj[t + depth + 2][0]
+                nxt = next((c for c in spec.children(cur) if np.array_equal(nodes[c], after)), None)
                 if nxt is None:
                     break
                 cur, depth = nxt, depth + 1
@@ -80,6 +71,7 @@ def main(argv=None) -> int:
     ap.add_argument("--n", type=int, default=5, help="held-out prompts per family")
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args(argv)
+    from dllm_deploy.runtime.rules import _ranked_masked as ranked
     trajs, m = trajectories(a.artifact, a.n)
     miss = {"position": 0, "token": 0}
     hit2 = hit23 = steps = 0

@@ -15,20 +15,15 @@ import sys
 from pathlib import Path
 
 import torch
-from safetensors.torch import load_file
 
 from dllm_deploy.evals import tasks
 from dllm_deploy.models import train as T
+from dllm_deploy.models.loading import load_model
 from dllm_deploy.models.tokenizer import ByteTokenizer
-from dllm_deploy.models.transformer import DLLM
 
 
 def main(folder: Path, n: int = 20) -> dict:
-    raw = json.loads((folder / "config.json").read_text())
-    cfg = T.tiny_config(raw["hidden_size"], raw["num_hidden_layers"], raw["num_attention_heads"],
-                        raw["num_key_value_heads"], raw["intermediate_size"])
-    model = DLLM(cfg)
-    model.load_state_dict(load_file(str(folder / "model.safetensors")))
+    model, _ = load_model(folder)
     model.eval()
     tok = ByteTokenizer()
     out = {}

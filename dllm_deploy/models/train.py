@@ -257,12 +257,11 @@ def main(argv=None) -> None:
             rng.shuffle(pending)
         rows = pending.pop()
         ar = step <= args.ar_steps
-        if ar:   # warm-up: next-token prediction, causal mask (logits at i predict i+1)
-            ids, pos, mask, tgt, lf = (x.to(dev) for x in make_ar_batch(rows, tok))
-            logits, _ = model(ids, pos, mask)
-        else:    # block diffusion: cross-entropy on the masked positions
-            ids, pos, mask, tgt, lf = (x.to(dev) for x in make_batch(rng, args.batch, tok, held_out, rows=rows))
-            logits, _ = model(ids, pos, mask)
+        # warm-up: next-token prediction, causal mask (logits at i predict i+1);
+        # then block diffusion: cross-entropy on the masked positions
+        batch = make_ar_batch(rows, tok) if ar else make_batch(rng, args.batch, tok, held_out, rows=rows)
+        ids, pos, mask, tgt, lf = (x.to(dev) for x in batch)
+        logits, _ = model(ids, pos, mask)
         loss = F.cross_entropy(logits[lf], tgt[lf])
         opt.zero_grad(set_to_none=True)
         loss.backward()
