@@ -128,15 +128,18 @@ RowResult Engine::generate(const std::string& prompt, const DecodeOptions& cfg_i
 // One forward over the whole canvas (loop.py::_Batch.refresh): [prefix | block | suffix], or
 // [prefix | suffix | block] in mode dual, every token attending every token. none: the verify
 // graph over an empty cache; prefix / dual: a fresh cache keeps the KV of the prefix (and the
-// suffix). fi/fp (L,K) <- f(block).
+// suffix). With an anchor (shifted logits) the prefix's last token stays out of the cache: dual
+// orders the canvas [prefix minus it | suffix | it | block]. fi/fp (L,K) <- f(block).
 void Engine::refresh(const int64_t* block, int64_t block_base, size_t suffix_len, int64_t* fi, float* fp) {
   OrtBackend& be = *backend_;
-  const size_t P = prefix_.size(), L = L_, S = suffix_len, N = P + L + S, K = K_;
+  const size_t P = prefix_.size(), L = L_, S = suffix_len, N = P + L + S, K = K_, A = anchor_ ? 1 : 0;
   const bool dual = mode_ == CacheMode::kDual;
   int64_t* ids = be.ids();
   int64_t* pos = be.pos();
-  for (size_t i = 0; i < P; ++i) ids[i] = prefix_[i], pos[i] = static_cast<int64_t>(i);
-  const size_t at = dual ? P + S : P, suffix_at = dual ? P : P + L;  // where the block / suffix sit
+  const size_t head = dual ? P - A : P;  // prefix tokens in front of everything else
+  for (size_t i = 0; i < head; ++i) ids[i] = prefix_[i], pos[i] = static_cast<int64_t>(i);
+  if (dual && A) ids[P - 1 + S] = prefix_[P - 1], pos[P - 1 + S] = static_cast<int64_t>(P - 1);
+  const size_t at = dual ? P + S : P, suffix_at = dual ? head : P + L;  // where the block / suffix sit
   for (size_t j = 0; j < L; ++j) ids[at + j] = block[j], pos[at + j] = block_base + static_cast<int64_t>(j);
   for (size_t j = 0; j < S; ++j)
     ids[suffix_at + j] = mask_id_, pos[suffix_at + j] = block_base + static_cast<int64_t>(L + j);
@@ -145,7 +148,7 @@ void Engine::refresh(const int64_t* block, int64_t block_base, size_t suffix_len
   if (mode_ == CacheMode::kNone)
     be.verify(N);
   else
-    be.prefill(N, P + (dual ? S : 0));  // dual: the cache is [prefix | suffix]
+    be.prefill(N, P - A + (dual ? S : 0));  // dual: the cache is [prefix | suffix]
   std::copy(be.top_ids() + at * K, be.top_ids() + (at + L) * K, fi);
   std::copy(be.top_probs() + at * K, be.top_probs() + (at + L) * K, fp);
 }
@@ -153,7 +156,7 @@ void Engine::refresh(const int64_t* block, int64_t block_base, size_t suffix_len
 // f(node) for the W drafted block states of a bidirectional model in one forward
 // (loop.py::_Batch.verify_canvas): prefix mode, each branch = [node | suffix] over the prefix
 // cache; dual, each branch = [node] over the prefix + suffix cache; none (W = 1), the whole canvas.
-// vi_/vp_ <- (W,L,K).
+// With an anchor each branch starts with the prefix's last token. vi_/vp_ <- (W,L,K).
 void Engine::verify_canvas(int64_t block_base, size_t suffix_len) {
   OrtBackend& be = *backend_;
   const size_t L = L_, W = W_, K = K_;
@@ -161,16 +164,18 @@ void Engine::verify_canvas(int64_t block_base, size_t suffix_len) {
     refresh(nodes_.data(), block_base, suffix_len, vi_.data(), vp_.data());
     return;
   }
-  const size_t S = mode_ == CacheMode::kDual ? 0 : suffix_len, G = L + S, T = W * G;
+  const size_t A = anchor_ ? 1 : 0, S = mode_ == CacheMode::kDual ? 0 : suffix_len, G = A + L + S, T = W * G;
   const size_t P = be.cache_length(), cols = P + T;
   int64_t* ids = be.ids();
   int64_t* pos = be.pos();
   uint8_t* mask = be.mask();
-  for (size_t w = 0; w < W; ++w)
-    for (size_t j = 0; j < G; ++j) {
-      ids[w * G + j] = j < L ? nodes_[w * L + j] : mask_id_;
-      pos[w * G + j] = block_base + static_cast<int64_t>(j);  // the suffix follows the block
+  for (size_t w = 0; w < W; ++w) {
+    if (A) ids[w * G] = prefix_.back(), pos[w * G] = static_cast<int64_t>(prefix_.size() - 1);
+    for (size_t j = 0; j < L + S; ++j) {
+      ids[w * G + A + j] = j < L ? nodes_[w * L + j] : mask_id_;
+      pos[w * G + A + j] = block_base + static_cast<int64_t>(j);  // the suffix follows the block
     }
+  }
   for (size_t r = 0; r < T; ++r) {
     uint8_t* row = mask + r * cols;
     std::fill(row, row + P, uint8_t{1});  // the cached prefix (and, dual, suffix)
@@ -178,8 +183,8 @@ void Engine::verify_canvas(int64_t block_base, size_t suffix_len) {
   }
   be.verify(T);
   for (size_t w = 0; w < W; ++w) {
-    std::copy(be.top_ids() + w * G * K, be.top_ids() + (w * G + L) * K, vi_.begin() + w * L * K);
-    std::copy(be.top_probs() + w * G * K, be.top_probs() + (w * G + L) * K, vp_.begin() + w * L * K);
+    std::copy(be.top_ids() + (w * G + A) * K, be.top_ids() + (w * G + A + L) * K, vi_.begin() + w * L * K);
+    std::copy(be.top_probs() + (w * G + A) * K, be.top_probs() + (w * G + A + L) * K, vp_.begin() + w * L * K);
   }
 }
 
@@ -221,15 +226,17 @@ void Engine::run(const std::vector<int64_t>& prompt, const DecodeOptions& cfg, P
   OrtBackend& be = *backend_;
   const size_t K = static_cast<size_t>(be.topk());
   mode_ = mode, L_ = L, W_ = W, K_ = K, mask_id_ = m;
+  anchor_ = bidi && manifest_.model.shift_logits && !none;  // loop.py::_Batch anchor
 
   // every buffer sized once (max_tokens new tokens over max_past cached, prefills within
   // max_present). Block-causal: the fused prefill (p+L), a verification (W*L) or a commit (2L),
   // over a cache of at most the prompt and the committed blocks (none: that prefix comes in front
   // of the new tokens, nothing is cached). Bidirectional: the canvas N per refresh (none: per
   // step), prefix-mode branches W*(L+S) with S up to (n_blocks-1)*L, dual ones W*L, over a cache
-  // of at most N-L (the prefix, dual: and the suffix).
+  // of at most N-L (the prefix, dual: and the suffix); an anchor adds one token per branch.
   if (bidi)
-    be.reserve(std::max(N, W * (mode == CacheMode::kPrefix ? nb * L : L)), none ? 0 : N - L, none ? 0 : N);
+    be.reserve(std::max(N, W * ((anchor_ ? 1 : 0) + (mode == CacheMode::kPrefix ? nb * L : L))), none ? 0 : N - L,
+               none ? 0 : N);
   else if (none)
     be.reserve(N - L + std::max(W * L, 2 * L), 0, 0);
   else

@@ -84,6 +84,7 @@ class Engine {
   std::unique_ptr<OrtBackend> backend_;
   // loop state, sized once per generate (grow-only)
   CacheMode mode_ = CacheMode::kExact;
+  bool anchor_ = false;  // shifted logits under a bidirectional cache: the prefix's last token rides in each call
   size_t L_ = 0, W_ = 1, K_ = 1;
   int64_t mask_id_ = 0;
   std::vector<int64_t> state_;   // (L,)   the block state S

@@ -138,6 +138,10 @@ Manifest read_manifest(const std::string& folder_in, const std::string& precisio
   out.model.pad_token_id = r.integer(model, "pad_token_id", "model.pad_token_id");
   out.model.max_seq = r.integer(model, "max_seq", "model.max_seq");
   out.model.attention = r.string(model, "attention", "model.attention");
+  if (const Json* shift = model.find("shift_logits")) {
+    if (shift->type != Json::Type::Bool) r.corrupt("'model.shift_logits' is not true/false");
+    out.model.shift_logits = shift->boolean;
+  }
   if (out.model.num_layers < 1 || out.model.num_kv_heads < 1 || out.model.head_dim < 1)
     r.corrupt("model dimensions must be >= 1");
   out.topk = r.integer(m, "topk", "topk");

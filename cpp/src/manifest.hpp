@@ -19,6 +19,7 @@ struct ModelConfig {
   int pad_token_id = 0;
   int max_seq = 0;             // longest prompt + generation (tokens)
   std::string attention;       // "block_causal" | "bidirectional"
+  bool shift_logits = false;   // Dream: row i-1 predicts row i (the decoder keeps an anchor row)
 };
 
 struct GraphIO {

@@ -162,6 +162,7 @@ class DLLM(nn.Module):
             x, k, v = layer(x, cos, sin, attention_mask, pk, pv)
             present.append((k, v))
         logits = self.lm_head(self.model.norm(x))                            # (B,T,V)
-        if c.shift_logits:
+        if c.shift_logits:   # Dream: row i-1 predicts row i, so a caller keeps each block's left
+            # neighbour in the row just before it (runtime/loop.py: the anchor of the bidirectional caches)
             logits = torch.cat([logits[:, :1], logits[:, :-1]], dim=1)
         return logits, present

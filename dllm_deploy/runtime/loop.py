@@ -68,8 +68,12 @@ def resolve_cache(mode: str, attention: str, width: int) -> str:
 class _Batch:
     """Prefix bookkeeping + the engine cache for the rows still decoding."""
 
-    def __init__(self, backend, attention: str, mode: str, prompts: list[list[int]], pad_id: int, capacity: int):
+    def __init__(self, backend, attention: str, mode: str, prompts: list[list[int]], pad_id: int, capacity: int,
+                 anchor: bool = False):
         self.backend, self.attention, self.mode = backend, attention, mode
+        # anchor (shifted logits, Dream; bidirectional caches): the prefix's last token stays out of
+        # the cache and rides in every call, since its row predicts the block's first position
+        self.anchor = anchor and mode in ("prefix", "dual")
         b, p = len(prompts), max(len(x) for x in prompts)
         self.ids = np.full((b, p), pad_id, dtype=np.int64)           # (B,P) left-padded prompt
         self.valid = np.zeros((b, p), dtype=bool)                     # (B,P) real token?
@@ -149,15 +153,19 @@ class _Batch:
         ``keep`` covers both; RoPE positions, not order, place it). Returns f(block) (B,L,K)."""
         b, p = self.ids.shape
         L, s = block.shape[1], suffix.shape[1]
+        a = int(self.anchor)          # the anchor (prefix's last token) moves after the cached part
         parts = [(suffix, suffix_pos), (block, block_pos)] if self.mode == "dual" else [(block, block_pos), (suffix, suffix_pos)]
         ids, pos, valid = self._canvas(parts)
+        if a and self.mode == "dual":     # [prefix[:-1] | suffix | anchor | block]
+            order = np.r_[0:p - 1, p:p + s, p - 1, p + s:p + s + L]
+            ids, pos, valid = ids[:, order], pos[:, order], valid[:, order]
         mask = self._full_mask(valid)
         at = p + s if self.mode == "dual" else p
         if self.mode == "none":
             top_i, top_p = self.backend.verify(self.backend.new_cache(b, ids.shape[1]), ids, pos, mask)
         else:
             self.cache = self.backend.new_cache(b, ids.shape[1])
-            top_i, top_p = self.backend.prefill(self.cache, ids, pos, mask, p + (s if self.mode == "dual" else 0))
+            top_i, top_p = self.backend.prefill(self.cache, ids, pos, mask, p - a + (s if self.mode == "dual" else 0))
             self.suffix_len = s if self.mode == "dual" else 0
         return top_i[:, at:at + L], top_p[:, at:at + L]
 
@@ -167,16 +175,19 @@ class _Batch:
         if self.mode == "none":                          # W = 1: the whole canvas, nothing cached
             return tuple(x[:, None] for x in self.refresh(nodes[:, 0], block_pos, suffix, suffix_pos))
         s = 0 if self.mode == "dual" else suffix.shape[1]  # prefix mode: every branch carries the suffix
-        g = L + s
-        ids = np.concatenate([nodes, np.broadcast_to(suffix[:, None, :s], (b, w, s))], axis=2).reshape(b, w * g)
-        pos = np.tile(np.concatenate([block_pos, suffix_pos[:, :s]], axis=1), (1, w))
+        a = int(self.anchor)                             # each branch: [anchor | node | suffix]
+        g = a + L + s
+        head = [np.broadcast_to(self.ids[:, None, -1:], (b, w, 1))] if a else []
+        ids = np.concatenate(head + [nodes, np.broadcast_to(suffix[:, None, :s], (b, w, s))], axis=2).reshape(b, w * g)
+        pos = np.tile(np.concatenate([self.pos[:, -1:]] * a + [block_pos, suffix_pos[:, :s]], axis=1), (1, w))
         p = self.cache.length
-        pre = np.concatenate([self.valid, np.ones((b, self.suffix_len), dtype=bool)], axis=1)[:, None, None, :p]
+        pre = np.concatenate([self.valid[:, :self.valid.shape[1] - a], np.ones((b, self.suffix_len), dtype=bool)], axis=1)
+        pre = pre[:, None, None, :p]
         new = np.kron(np.eye(w, dtype=bool), np.ones((g, g), dtype=bool))
         mask = np.concatenate([np.broadcast_to(pre, (b, 1, w * g, p)), np.broadcast_to(new, (b, 1, w * g, w * g))], axis=-1)
         top_i, top_p = self.backend.verify(self.cache, ids, pos, mask)
         k = top_i.shape[-1]
-        return (top_i.reshape(b, w, g, k)[:, :, :L], top_p.reshape(b, w, g, k)[:, :, :L])
+        return (top_i.reshape(b, w, g, k)[:, :, a:a + L], top_p.reshape(b, w, g, k)[:, :, a:a + L])
 
     def commit_block(self, block, block_pos):
         """A finished block joins the prefix (its KV is rebuilt by the next refresh)."""
@@ -264,7 +275,8 @@ class Decoder:
         n = len(encoded)
         gen = [[] for _ in range(n)]
         stats = [{"forwards": 0, "tokens": 0, "accepted_hist": {}, "finished": False} for _ in range(n)]
-        batch = _Batch(self.backend, c.attention, mode, encoded, c.pad_token_id, max(map(len, encoded)) + n_blocks * L)
+        batch = _Batch(self.backend, c.attention, mode, encoded, c.pad_token_id, max(map(len, encoded)) + n_blocks * L,
+                       anchor=c.shift_logits and c.attention != "block_causal")
         w = policy.width
         tree_new = np.kron(np.eye(w, dtype=bool), np.ones((L, L), dtype=bool))     # (W*L, W*L)
         ar = np.arange(L)

@@ -98,3 +98,33 @@ def test_dual_needs_no_suffix_tokens_per_forward(bidi):
         assert max(seen) == 2 * GEN          # first block: each branch = block + 2 suffix blocks
     finally:
         rt.backend.verify = real
+
+
+@pytest.mark.parametrize("layout", ["llada", "dream"])
+@pytest.mark.parametrize("cache", ["prefix", "dual"])
+def test_verify_after_refresh_reproduces_it(tmp_path, layout, cache):
+    """Right after a refresh the cache is exact for the canvas, so verifying the unchanged block
+    (two branches, left-padded batch) must give the refresh's f(block) position for position. For
+    Dream (logits shifted one step) this holds only because the prefix's last token, whose row
+    predicts the block's first position, rides just before the block in every branch (the anchor)
+    instead of in the cache."""
+    import numpy as np
+    from dllm_deploy.runtime.backends.torch_backend import TorchBackend
+    from dllm_deploy.runtime.loop import _Batch
+    from tests.conftest import write_checkpoint
+
+    be = TorchBackend.load(str(write_checkpoint(tmp_path / layout, layout)), topk=3)
+    c, L = be.config, 8
+    assert c.shift_logits == (layout == "dream")
+    batch = _Batch(be, c.attention, cache, [[5, 6, 7, 8, 9], [11, 12, 13]], c.pad_token_id, 64,
+                   anchor=c.shift_logits)
+    base = batch.prompt_len
+    block = np.full((2, L), c.mask_token_id, dtype=np.int64)
+    block[:, 2] = 40                                       # a committed token inside the block
+    block_pos = base[:, None] + np.arange(L)
+    suffix = (np.full((2, L), c.mask_token_id, dtype=np.int64), block_pos + L)
+    ri, rp = batch.refresh(block, block_pos, *suffix)
+    vi, vp = batch.verify_canvas(np.stack([block, block], axis=1), block_pos, *suffix)
+    for w in range(2):
+        np.testing.assert_array_equal(vi[:, w, :, 0], ri[:, :, 0])
+        np.testing.assert_allclose(vp[:, w], rp, atol=1e-5)
