@@ -9,11 +9,16 @@ predictions f(S) would have got right:
 - when the chain draft's next step is wrong, is it the position (order) or the token;
 - how often the true next position is the stale ranking's 2nd, or 2nd/3rd;
 - the extra steps a tree preset would have accepted per verification (the SPD select walk,
-  replayed on the recorded trajectory with the tree's own drafts), for chain and fork at W 4, 8.
+  replayed on the recorded trajectory with the tree's own drafts), for chain and fork at W 4, 8;
+- the rank of the true next position in the stale ranking (0 = the chain's guess), how often it
+  trails the stale top by under 0.01 (a near tie), and the ceiling any tree of W nodes could reach
+  if each step's rank were drawn independently from that distribution (the best W-1 draft paths;
+  ranks >= 4 count as one child, which can only raise the ceiling).
 """
 from __future__ import annotations
 
 import argparse
+import heapq
 import json
 import sys
 
@@ -65,6 +70,23 @@ def replay(trajs, m, preset: str, width: int) -> float:
     return total / max(count, 1)
 
 
+def tree_ceiling(rank_probs: list[float], width: int) -> float:
+    """Expected extra steps per verification of the best tree of ``width`` nodes (node 0 is the
+    exact step) when each step's true next position has stale rank r with probability
+    rank_probs[r], independently: the sum of the width-1 most likely draft paths."""
+    heap = [(-q, (r,)) for r, q in enumerate(rank_probs)]
+    heapq.heapify(heap)
+    total = 0.0
+    for _ in range(width - 1):
+        if not heap:
+            break
+        q, path = heapq.heappop(heap)
+        total -= q
+        for r, p in enumerate(rank_probs):
+            heapq.heappush(heap, (q * p, path + (r,)))
+    return total
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--artifact", required=True)
@@ -74,7 +96,8 @@ def main(argv=None) -> int:
     from dllm_deploy.runtime.rules import _ranked_masked as ranked
     trajs, m = trajectories(a.artifact, a.n)
     miss = {"position": 0, "token": 0}
-    hit2 = hit23 = steps = 0
+    hit2 = hit23 = steps = near_tie = 0
+    ranks = [0] * 5                                         # rank 0, 1, 2, 3, >= 4
     for traj in trajs:
         for t in range(len(traj) - 2):
             state, ids, probs = traj[t]
@@ -85,6 +108,9 @@ def main(argv=None) -> int:
             steps += 1
             hit2 += order[0] == true_pos
             hit23 += true_pos in order[:2]
+            r = int(np.flatnonzero(order == true_pos)[0]) if true_pos in order else 4
+            ranks[min(r, 4)] += 1
+            near_tie += r > 0 and probs[order[0]] - probs[true_pos] < 0.01
             if order[0] != true_pos:
                 miss["position"] += 1
             elif ids[true_pos] != true_tok:
@@ -92,8 +118,12 @@ def main(argv=None) -> int:
     res = {"prompts": len(trajs), "steps": steps, "chain_misses": miss,
            "next_position_is_stale_2nd": round(hit2 / steps, 3),
            "next_position_in_stale_2nd_or_3rd": round(hit23 / steps, 3),
+           "true_next_rank_in_stale": {("4+" if r == 4 else str(r)): round(c / steps, 3) for r, c in enumerate(ranks)},
+           "near_tie_share": round(near_tie / steps, 3),
            "accepted_extra_steps": {f"{p} W{w}": round(replay(trajs, m, p, w), 3)
-                                    for p in ("chain", "fork") for w in (4, 8)}}
+                                    for p in ("chain", "fork") for w in (4, 8)},
+           "tree_ceiling_extra_steps": {f"W{w}": round(tree_ceiling([c / steps for c in ranks], w), 3)
+                                        for w in (4, 8, 16, 32)}}
     if a.json:
         print(json.dumps(res))
     else:
