@@ -32,6 +32,7 @@ BLOCK = 32
 MIX = {"upper": 1.0, "reverse": 1.5, "kv": 1.5, "csv": 1.0, "count": 1.5, "letter": 0.7, "text": 0.8}
 MAX_ANSWER = 0  # curriculum: only answers of at most this many bytes (0: all)
 COPIES = 1  # independent noisy copies of the answer per row
+AR_MIN_STEPS = 100  # --ar-until-loss looks at the warm-up's loss average only after this many steps
 SUFFIX_SHARE = 0.5  # share of blocks noised by suffix masking (the rest: each token masked w.p. t ~ U(0,1))
 KIND_PROMPT, KIND_CLEAN, KIND_NOISY, KIND_PAD = 0, 1, 2, 3
 
@@ -205,6 +206,9 @@ def main(argv=None) -> None:
     ap.add_argument("--copies", type=int, default=COPIES, help="independent noisy copies of the answer per row")
     ap.add_argument("--ar-steps", type=int, default=0,
                     help="first steps train next-token prediction (causal mask) before block diffusion")
+    ap.add_argument("--ar-until-loss", type=float, default=0,
+                    help="end the warm-up early once its loss average falls to this (the copy circuit has formed; "
+                         "--ar-steps is then the longest warm-up). 0: always --ar-steps")
     ap.add_argument("--max-answer", type=int, default=0, help="curriculum: only answers of at most this many bytes")
     ap.add_argument("--time-limit", type=float, default=0,
                     help="save and stop once this many seconds have passed (0: no limit); training.json records it")
@@ -245,6 +249,7 @@ def main(argv=None) -> None:
     ema = None
     pending: list = []
     tokens_seen = 0
+    ar_end = args.ar_steps         # last warm-up step (lowered by --ar-until-loss)
     print(f"params {n_params/1e6:.2f}M  steps {args.steps}  batch {args.batch}", flush=True)
     for step in range(1, args.steps + 1):
         lr = args.lr * min(1.0, step / args.warmup) * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, step / args.steps))))
@@ -256,7 +261,7 @@ def main(argv=None) -> None:
             pending = [rows[i:i + args.batch] for i in range(0, len(rows), args.batch)]
             rng.shuffle(pending)
         rows = pending.pop()
-        ar = step <= args.ar_steps
+        ar = step <= ar_end
         # warm-up: next-token prediction, causal mask (logits at i predict i+1);
         # then block diffusion: cross-entropy on the masked positions
         batch = make_ar_batch(rows, tok) if ar else make_batch(rng, args.batch, tok, held_out, rows=rows)
@@ -269,9 +274,12 @@ def main(argv=None) -> None:
         opt.step()
         with torch.no_grad():
             acc = (logits[lf].argmax(-1) == tgt[lf]).float().mean().item()
-        if step == args.ar_steps + 1:
+        if step == ar_end + 1:
             ema = None   # the diffusion loss starts its own average
         ema = loss.item() if ema is None else 0.98 * ema + 0.02 * loss.item()
+        if ar and args.ar_until_loss and step >= AR_MIN_STEPS and ema <= args.ar_until_loss:
+            ar_end = step   # the warm-up loss drops sharply once copying works: switch now
+            print(f"warm-up ends at step {step} (loss average {ema:.3f} <= {args.ar_until_loss})", flush=True)
         if args.time_steps and step >= args.time_steps:
             print(f"{(time.time()-t0)/step:.2f}s/step  seq {ids.shape[1]}", flush=True)
             return
@@ -288,7 +296,8 @@ def main(argv=None) -> None:
             save(model, args.out, {"init_from": str(args.init_from) if args.init_from else None, "seed": args.seed, "steps": step, "target_steps": args.steps, "batch": args.batch,
                                    "lr": args.lr, "params": n_params, "elapsed_s": round(time.time() - t0, 1),
                                    "mix": MIX, "pool": args.pool, "warmup": args.warmup, "threads": args.threads, "device": args.device, "torch": torch.__version__,
-                                   "suffix_share": SUFFIX_SHARE, "copies": COPIES, "max_answer": MAX_ANSWER, "ar_steps": args.ar_steps, "stop_after": args.stop_after,
+                                   "suffix_share": SUFFIX_SHARE, "copies": COPIES, "max_answer": MAX_ANSWER, "ar_steps": args.ar_steps,
+                                   "ar_until_loss": args.ar_until_loss, "ar_steps_used": min(ar_end, step), "stop_after": args.stop_after,
                                    "stopped_by_time_limit": timed_out, "previous_phase": previous})
         if step == args.stop_after or timed_out:
             break
