@@ -27,7 +27,8 @@ cpp: $(STAMP)
 # Retrain the bundled tiny dLLM with the committed recipe: 3500 autoregressive warm-up steps, then
 # 4500 block-diffusion steps (about 86 minutes on 2 idle CPU cores from measured step times, 5.4
 # minutes on one H200, where the committed weights were trained; not part of CI; docs/model_card.md).
-# DEVICE=cuda trains on a GPU; another device or torch build gives other weights (not bit-identical).
+# DEVICE=cuda trains on a GPU; another device or torch build gives other weights (not bit-identical),
+# and on a CPU the warm-up's copy circuit forms later: a CPU run scores lower (model card, fifth session).
 DEVICE ?= cpu
 train: $(STAMP)
 	$(PY) -m dllm_deploy.models.train --out dllm_deploy/models/tiny --seed 0 --steps 8000 --ar-steps 3500 --device $(DEVICE)
