@@ -38,7 +38,7 @@ void validate(const DecodeOptions& c) {
     user_error("unknown base rule " + quoted(c.base) + " (expected vanilla or threshold)");
   if (!(c.threshold > 0.0 && c.threshold <= 1.0)) user_error("threshold must be in (0, 1], got " + fmt(c.threshold));
   if (!(c.draft_tau >= 0.0 && c.draft_tau <= 1.0))  // 0 is the C ABI's "unset": draft at the threshold
-    user_error("draft tau must be in (0, 1] (0: the threshold), got " + fmt(c.draft_tau));
+    user_error("draft tau must be in (0, 1], got " + fmt(c.draft_tau));  // Python's message, word for word
   if (c.beam_width < 1) user_error("beam width must be >= 1, got " + std::to_string(c.beam_width));
   if (c.tokens_per_step < 1) user_error("tokens per step must be >= 1, got " + std::to_string(c.tokens_per_step));
   if (c.tree != "chain" && c.tree != "binary" && c.tree != "wide" && c.tree != "fork")
