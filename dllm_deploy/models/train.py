@@ -209,6 +209,8 @@ def main(argv=None) -> None:
     ap.add_argument("--ar-until-loss", type=float, default=0,
                     help="end the warm-up early once its loss average falls to this (the copy circuit has formed; "
                          "--ar-steps is then the longest warm-up). 0: always --ar-steps")
+    ap.add_argument("--ar-margin", type=int, default=0,
+                    help="with --ar-until-loss: warm-up steps still taken after the bound is reached (within --ar-steps)")
     ap.add_argument("--max-answer", type=int, default=0, help="curriculum: only answers of at most this many bytes")
     ap.add_argument("--time-limit", type=float, default=0,
                     help="save and stop once this many seconds have passed (0: no limit); training.json records it")
@@ -250,6 +252,7 @@ def main(argv=None) -> None:
     pending: list = []
     tokens_seen = 0
     ar_end = args.ar_steps         # last warm-up step (lowered by --ar-until-loss)
+    bound_hit = False
     print(f"params {n_params/1e6:.2f}M  steps {args.steps}  batch {args.batch}", flush=True)
     for step in range(1, args.steps + 1):
         lr = args.lr * min(1.0, step / args.warmup) * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, step / args.steps))))
@@ -277,9 +280,11 @@ def main(argv=None) -> None:
         if step == ar_end + 1:
             ema = None   # the diffusion loss starts its own average
         ema = loss.item() if ema is None else 0.98 * ema + 0.02 * loss.item()
-        if ar and args.ar_until_loss and step >= AR_MIN_STEPS and ema <= args.ar_until_loss:
-            ar_end = step   # the warm-up loss drops sharply once copying works: switch now
-            print(f"warm-up ends at step {step} (loss average {ema:.3f} <= {args.ar_until_loss})", flush=True)
+        if ar and args.ar_until_loss and not bound_hit and step >= AR_MIN_STEPS and ema <= args.ar_until_loss:
+            # the warm-up loss drops sharply once copying works: switch after the margin
+            bound_hit, ar_end = True, min(args.ar_steps, step + args.ar_margin)
+            print(f"warm-up loss average {ema:.3f} <= {args.ar_until_loss} at step {step}: warm-up ends at step {ar_end}",
+                  flush=True)
         if args.time_steps and step >= args.time_steps:
             print(f"{(time.time()-t0)/step:.2f}s/step  seq {ids.shape[1]}", flush=True)
             return
@@ -297,7 +302,7 @@ def main(argv=None) -> None:
                                    "lr": args.lr, "params": n_params, "elapsed_s": round(time.time() - t0, 1),
                                    "mix": MIX, "pool": args.pool, "warmup": args.warmup, "threads": args.threads, "device": args.device, "torch": torch.__version__,
                                    "suffix_share": SUFFIX_SHARE, "copies": COPIES, "max_answer": MAX_ANSWER, "ar_steps": args.ar_steps,
-                                   "ar_until_loss": args.ar_until_loss, "ar_steps_used": min(ar_end, step), "stop_after": args.stop_after,
+                                   "ar_until_loss": args.ar_until_loss, "ar_margin": args.ar_margin, "ar_steps_used": min(ar_end, step), "stop_after": args.stop_after,
                                    "stopped_by_time_limit": timed_out, "previous_phase": previous})
         if step == args.stop_after or timed_out:
             break

@@ -66,7 +66,8 @@ def test_time_limit_saves_and_stops(tmp_path):
 
 def test_warmup_ends_once_its_loss_average_is_low(tmp_path):
     """--ar-until-loss: the warm-up stops at the first step (from AR_MIN_STEPS on) whose loss
-    average is at most the bound, and training.json records where; --ar-steps stays the cap."""
+    average is at most the bound (plus --ar-margin steps), and training.json records where;
+    --ar-steps stays the cap."""
     out = tmp_path / "m"
     small = ["--batch", "2", "--pool", "1", "--hidden", "32", "--layers", "1", "--heads", "2", "--kv-heads", "1",
              "--ffn", "64", "--save-every", "1000"]
@@ -76,6 +77,9 @@ def test_warmup_ends_once_its_loss_average_is_low(tmp_path):
     objective = {r["step"]: r["objective"] for r in log}
     assert objective[train.AR_MIN_STEPS] == "ar" and objective[train.AR_MIN_STEPS + 25] == "mdm"
     assert json.loads((out / "training.json").read_text())["ar_steps_used"] == train.AR_MIN_STEPS
+    train.main(["--out", str(out), "--steps", str(n), "--ar-steps", str(n), "--ar-until-loss", "50", "--ar-margin", "10",
+                *small])
+    assert json.loads((out / "training.json").read_text())["ar_steps_used"] == train.AR_MIN_STEPS + 10
     train.main(["--out", str(out), "--steps", str(n), "--ar-steps", str(n), "--ar-until-loss", "0.001", *small])
     log = [json.loads(x) for x in (out / "train_log.jsonl").read_text().splitlines()]
     assert {r["objective"] for r in log} == {"ar"}       # a bound never reached: the whole cap
