@@ -87,11 +87,13 @@ class _Batch:
         self.cache = backend.new_cache(b, capacity) if mode != "none" else None
         self.prefix_len = 0                                           # P: tokens already in prefix
         self.suffix_len = 0                                           # dual: suffix KV after the prefix
+        self.verify_mask = None     # verify_canvas's mask: the same from one refresh to the next
 
     def keep(self, live: np.ndarray) -> None:
         idx = np.flatnonzero(live)
         if idx.size == len(self.rows):
             return
+        self.verify_mask = None
         for name in ("ids", "valid", "pos", "blk", "prompt_len", "rows"):
             setattr(self, name, getattr(self, name)[idx])
         if self.cache is not None:
@@ -165,6 +167,7 @@ class _Batch:
             top_i, top_p = self.backend.verify(self.backend.new_cache(b, ids.shape[1]), ids, pos, mask)
         else:
             self.cache = self.backend.new_cache(b, ids.shape[1])
+            self.verify_mask = None
             top_i, top_p = self.backend.prefill(self.cache, ids, pos, mask, p - a + (s if self.mode == "dual" else 0))
             self.suffix_len = s if self.mode == "dual" else 0
         return top_i[:, at:at + L], top_p[:, at:at + L]
@@ -180,12 +183,14 @@ class _Batch:
         head = [np.broadcast_to(self.ids[:, None, -1:], (b, w, 1))] if a else []
         ids = np.concatenate(head + [nodes, np.broadcast_to(suffix[:, None, :s], (b, w, s))], axis=2).reshape(b, w * g)
         pos = np.tile(np.concatenate([self.pos[:, -1:]] * a + [block_pos, suffix_pos[:, :s]], axis=1), (1, w))
-        p = self.cache.length
-        pre = np.concatenate([self.valid[:, :self.valid.shape[1] - a], np.ones((b, self.suffix_len), dtype=bool)], axis=1)
-        pre = pre[:, None, None, :p]
-        new = np.kron(np.eye(w, dtype=bool), np.ones((g, g), dtype=bool))
-        mask = np.concatenate([np.broadcast_to(pre, (b, 1, w * g, p)), np.broadcast_to(new, (b, 1, w * g, w * g))], axis=-1)
-        top_i, top_p = self.backend.verify(self.cache, ids, pos, mask)
+        if self.verify_mask is None or self.verify_mask.shape[2] != w * g:   # once per refresh
+            p = self.cache.length
+            pre = np.concatenate([self.valid[:, :self.valid.shape[1] - a], np.ones((b, self.suffix_len), dtype=bool)], axis=1)
+            pre = pre[:, None, None, :p]
+            new = np.kron(np.eye(w, dtype=bool), np.ones((g, g), dtype=bool))
+            self.verify_mask = np.concatenate([np.broadcast_to(pre, (b, 1, w * g, p)),
+                                               np.broadcast_to(new, (b, 1, w * g, w * g))], axis=-1)
+        top_i, top_p = self.backend.verify(self.cache, ids, pos, self.verify_mask)
         k = top_i.shape[-1]
         return (top_i.reshape(b, w, g, k)[:, :, a:a + L], top_p.reshape(b, w, g, k)[:, :, a:a + L])
 
@@ -276,7 +281,7 @@ class Decoder:
         gen = [[] for _ in range(n)]
         stats = [{"forwards": 0, "tokens": 0, "accepted_hist": {}, "finished": False} for _ in range(n)]
         batch = _Batch(self.backend, c.attention, mode, encoded, c.pad_token_id, max(map(len, encoded)) + n_blocks * L,
-                       anchor=c.shift_logits and c.attention != "block_causal")
+                       anchor=c.shift_logits)   # (prefix / dual only: bidirectional models)
         w = policy.width
         tree_new = np.kron(np.eye(w, dtype=bool), np.ones((L, L), dtype=bool))     # (W*L, W*L)
         ar = np.arange(L)
