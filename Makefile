@@ -4,7 +4,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test train train-phase2 clean cpp
+.PHONY: demo test train train-phase2 phase2-flags clean cpp
 
 $(STAMP): pyproject.toml constraints-cpu.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -28,20 +28,24 @@ cpp: $(STAMP)
 # Phase 1: 3500 autoregressive warm-up steps, then 4500 block-diffusion steps, batch 16 (about 86
 # minutes on 2 idle CPU cores from measured step times, 5.4 minutes on one H200, where the committed
 # phase 1 was trained). Phase 2: 8000 more block-diffusion steps from phase 1's weights, batch 8,
-# lr 3e-4, count/reverse weighted up (about 51 minutes on 2 CPU cores, where the committed phase 2
+# lr 3e-4, count/reverse weighted up (about 52 minutes on 2 CPU cores, where the committed phase 2
 # was trained). DEVICE=cuda trains on a GPU; another device or torch build gives other weights (not
 # bit-identical), and on a CPU phase 1's copy circuit forms later: a CPU phase 1 scores lower
-# (model card, fifth session). `make train-phase2` runs phase 2 alone on the folder's weights.
+# (model card, fifth session). `make train-phase2` runs phase 2 alone on the folder's weights;
+# tests/gpu/train_candidates.sh reads phase 2's flags from `make -s phase2-flags`.
 DEVICE ?= cpu
 TINY   := dllm_deploy/models/tiny
-PHASE2_MIX := count=3,reverse=2,upper=1.2,kv=1,csv=0.8,letter=0.4,text=0.5
+PHASE2_FLAGS := --seed 1 --batch 8 --lr 3e-4 --steps 8000 --ar-steps 0 \
+                --mix count=3,reverse=2,upper=1.2,kv=1,csv=0.8,letter=0.4,text=0.5
 train: $(STAMP)
 	$(PY) -m dllm_deploy.models.train --out $(TINY) --seed 0 --steps 8000 --ar-steps 3500 --device $(DEVICE)
 	$(MAKE) train-phase2
 
 train-phase2: $(STAMP)
-	$(PY) -m dllm_deploy.models.train --out $(TINY) --init-from $(TINY) --seed 1 --batch 8 --lr 3e-4 \
-	    --steps 8000 --ar-steps 0 --mix $(PHASE2_MIX) --device $(DEVICE)
+	$(PY) -m dllm_deploy.models.train --out $(TINY) --init-from $(TINY) $(PHASE2_FLAGS) --device $(DEVICE)
+
+phase2-flags:
+	@echo $(PHASE2_FLAGS)
 
 clean:
 	rm -rf build $(VENV)

@@ -6,8 +6,11 @@
 # 1. the CUDA decode check (tests/gpu/check_decode_cuda.py) on an otherwise idle GPU, and the
 #    TensorRT check (skips where TensorRT is not installed);
 # 2. trains candidate recipes for the bundled tiny dLLM concurrently on the GPU, each stopped and
-#    saved at the time limit (training.json records whether it finished), and packs each folder
-#    as $OUT/NAME.tgz for `dllm-deploy eval --model FOLDER` on the CPU machine.
+#    saved at the time limit (training.json records whether it finished);
+# 3. unless PHASE2=0, then trains the committed recipe's second diffusion phase (flags from
+#    `make -s phase2-flags`) on each result, concurrently, into NAME-p2 (time limit LIMIT2,
+#    default the first one), and packs each folder as $OUT/NAME.tgz (and NAME-p2.tgz) for
+#    `dllm-deploy eval --model FOLDER` on the CPU machine.
 # A recipe is NAME:ARGS with the train flags comma-separated, e.g. r1:--steps,8000,--ar-steps,3500.
 # PY=python to pick the interpreter; DEVICE=cpu for a dry run (tiny recipes) on a machine without a GPU.
 set -u
@@ -15,14 +18,16 @@ OUT=${OUT:?set OUT to a folder for the results}
 LIMIT=${1:-380}
 shift || true
 RECIPES=("$@")
-# default: the next runs the model card proposes (session 5): the warm-up ends a fixed margin after its
-# loss drop (600 or 1200 steps), and 1.5x the budget to learn whether more steps reach 0.85 at all
-# (about 40 ms a step with three runs sharing an H200: pass a time limit of 500 for it).
-# Session 4's recipes were r1:--steps,8000,--ar-steps,3500 (committed) r2:--steps,7500,--ar-steps,5000
-# r3:--steps,12000,--ar-steps,6000.
-[ ${#RECIPES[@]} -gt 0 ] || RECIPES=(m600:--steps,8000,--ar-steps,5000,--ar-until-loss,0.3,--ar-margin,600
-                                     m1200:--steps,8000,--ar-steps,5000,--ar-until-loss,0.3,--ar-margin,1200
-                                     x15:--steps,12000,--ar-steps,6000,--ar-until-loss,0.3,--ar-margin,1200)
+# default (session 7): phase-1 candidates for an all-CPU recipe within 90 minutes, each followed by
+# phase 2 (about 52 CPU-minutes). r1 is the committed phase 1 (with phase 2: the committed recipe,
+# all on the GPU); w45 is the warm-up alone, ended 600 steps after its loss drop, then diffusion up
+# to 4500 steps (at most about 41 CPU-minutes, so about 93 with phase 2); w40 the same within 4000.
+# About 40 ms a step with three runs sharing an H200. Earlier defaults: session 4's
+# r2:--steps,7500,--ar-steps,5000 r3:--steps,12000,--ar-steps,6000; session 5's
+# m600:--steps,8000,--ar-steps,5000,--ar-until-loss,0.3,--ar-margin,600 (and 1200, and 12000 steps).
+[ ${#RECIPES[@]} -gt 0 ] || RECIPES=(r1:--steps,8000,--ar-steps,3500
+                                     w45:--steps,4500,--ar-steps,4500,--ar-until-loss,0.3,--ar-margin,600
+                                     w40:--steps,4000,--ar-steps,4000,--ar-until-loss,0.3,--ar-margin,600)
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
 PY=${PY:-python3}
 mkdir -p "$OUT"
@@ -40,9 +45,22 @@ for r in "${RECIPES[@]}"; do
         --time-limit "$LIMIT" "${flags[@]}" > "$work/$name/stdout.txt" 2>&1 &
 done
 wait
-for r in "${RECIPES[@]}"; do
-    name=${r%%:*}
+names=()
+for r in "${RECIPES[@]}"; do names+=("${r%%:*}"); done
+if [ "${PHASE2:-1}" != 0 ]; then
+    read -r -a p2flags <<< "$(make -s phase2-flags)"
+    for name in "${names[@]}"; do
+        [ -f "$work/$name/model.safetensors" ] || continue
+        mkdir -p "$work/$name-p2"
+        echo "phase 2 on $name: ${p2flags[*]}"
+        $PY -m dllm_deploy.models.train --out "$work/$name-p2" --init-from "$work/$name" --device "${DEVICE:-cuda}" \
+            --threads 4 --time-limit "${LIMIT2:-$LIMIT}" "${p2flags[@]}" > "$work/$name-p2/stdout.txt" 2>&1 &
+    done
+    wait
+    for name in "${names[@]}"; do [ -d "$work/$name-p2" ] && names+=("$name-p2"); done
+fi
+for name in "${names[@]}"; do
     tail -n 2 "$work/$name/stdout.txt"
-    $PY -c "import json,sys; m=json.load(open(sys.argv[1])); print(sys.argv[2], 'steps', m['steps'], '/', m['target_steps'], 'elapsed_s', m['elapsed_s'], 'stopped_by_time_limit', m['stopped_by_time_limit'])" "$work/$name/training.json" "$name"
+    $PY -c "import json,sys; m=json.load(open(sys.argv[1])); print(sys.argv[2], 'steps', m['steps'], '/', m['target_steps'], 'elapsed_s', m['elapsed_s'], 'stopped_by_time_limit', m['stopped_by_time_limit'], 'warm-up steps', m.get('ar_steps_used'))" "$work/$name/training.json" "$name"
     tar czf "$OUT/$name.tgz" -C "$work" "$name"
 done
