@@ -9,8 +9,8 @@
 #    saved at the time limit (training.json records whether it finished);
 # 3. unless PHASE2=0, then trains the committed recipe's second diffusion phase (flags from
 #    `make -s phase2-flags`; P2STEPS=N overrides its 8000 steps) on each result, concurrently,
-#    into NAME-p2 (time limit LIMIT2, default the first one), and packs each folder as $OUT/NAME.tgz (and NAME-p2.tgz) for
-#    `dllm-deploy eval --model FOLDER` on the CPU machine.
+#    into NAME-p2 (time limit LIMIT2, default the first one), and packs each folder as
+#    $OUT/NAME.tgz (and NAME-p2.tgz) for `dllm-deploy eval --model FOLDER` on the CPU machine.
 # A recipe is NAME:ARGS with the train flags comma-separated, e.g. r1:--steps,8000,--ar-steps,3500.
 # PY=python to pick the interpreter; DEVICE=cpu for a dry run (tiny recipes) on a machine without a GPU.
 set -u
@@ -37,30 +37,37 @@ $PY -c "import torch, onnxruntime; print('torch', torch.__version__, 'cuda', tor
 $PY tests/gpu/check_trt.py
 timeout 150 $PY tests/gpu/check_decode_cuda.py --n 1 2>&1 | tee "$OUT/decode_cuda.log"
 work=$(mktemp -d)
+# train_bg DIR TIME_LIMIT FLAGS...: one training run in the background, its output in DIR/stdout.txt
+train_bg() {
+    local dir=$1 limit=$2
+    shift 2
+    mkdir -p "$dir"
+    $PY -m dllm_deploy.models.train --out "$dir" --device "${DEVICE:-cuda}" --threads 4 --time-limit "$limit" "$@" \
+        > "$dir/stdout.txt" 2>&1 &
+}
+names=()
 for r in "${RECIPES[@]}"; do
     name=${r%%:*}
+    names+=("$name")
     IFS=, read -r -a flags <<< "${r#*:}"
-    mkdir -p "$work/$name"
     echo "train $name: ${flags[*]}"
-    $PY -m dllm_deploy.models.train --out "$work/$name" --seed 0 --device "${DEVICE:-cuda}" --threads 4 \
-        --time-limit "$LIMIT" "${flags[@]}" > "$work/$name/stdout.txt" 2>&1 &
+    train_bg "$work/$name" "$LIMIT" --seed 0 "${flags[@]}"
 done
 wait
-names=()
-for r in "${RECIPES[@]}"; do names+=("${r%%:*}"); done
+p2names=()
 if [ "${PHASE2:-1}" != 0 ]; then
     read -r -a p2flags <<< "$(make -s phase2-flags)"
+    [ ${#p2flags[@]} -gt 0 ] || { echo "make -s phase2-flags printed nothing (is make installed?)" >&2; exit 2; }
     [ -z "${P2STEPS:-}" ] || p2flags+=(--steps "$P2STEPS")
     for name in "${names[@]}"; do
         [ -f "$work/$name/model.safetensors" ] || continue
-        mkdir -p "$work/$name-p2"
+        p2names+=("$name-p2")
         echo "phase 2 on $name: ${p2flags[*]}"
-        $PY -m dllm_deploy.models.train --out "$work/$name-p2" --init-from "$work/$name" --device "${DEVICE:-cuda}" \
-            --threads 4 --time-limit "${LIMIT2:-$LIMIT}" "${p2flags[@]}" > "$work/$name-p2/stdout.txt" 2>&1 &
+        train_bg "$work/$name-p2" "${LIMIT2:-$LIMIT}" --init-from "$work/$name" "${p2flags[@]}"
     done
     wait
-    for name in "${names[@]}"; do [ -d "$work/$name-p2" ] && names+=("$name-p2"); done
 fi
+names+=("${p2names[@]}")
 for name in "${names[@]}"; do
     tail -n 2 "$work/$name/stdout.txt"
     $PY -c "import json,sys; m=json.load(open(sys.argv[1])); print(sys.argv[2], 'steps', m['steps'], '/', m['target_steps'], 'elapsed_s', m['elapsed_s'], 'stopped_by_time_limit', m['stopped_by_time_limit'], 'warm-up steps', m.get('ar_steps_used'))" "$work/$name/training.json" "$name"
