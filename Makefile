@@ -24,14 +24,14 @@ test: $(STAMP) cpp
 cpp: $(STAMP)
 	PYTHON=$(abspath $(PY)) cpp/scripts/build.sh release
 
-# Retrain the bundled tiny dLLM with the committed recipe (docs/model_card.md; not part of CI).
+# Retrain the bundled tiny dLLM with the committed recipe (docs/training.md; not part of CI).
 # Phase 1: 3500 autoregressive warm-up steps, then 4500 block-diffusion steps, batch 16 (about 86
 # minutes on 2 idle CPU cores from measured step times, 5.4 minutes on one H200, where the committed
 # phase 1 was trained). Phase 2: 8000 more block-diffusion steps from phase 1's weights, batch 8,
 # lr 3e-4, count/reverse weighted up (about 52 minutes on 2 CPU cores, where the committed phase 2
 # was trained). DEVICE=cuda trains on a GPU; another device or torch build gives other weights (not
 # bit-identical), and on a CPU phase 1's copy circuit forms later: a CPU phase 1 scores lower
-# (model card, fifth session). `make train-phase2` runs phase 2 alone on the folder's weights;
+# (docs/training.md). `make train-phase2` runs phase 2 alone on the folder's weights;
 # tests/gpu/train_candidates.sh reads phase 2's flags from `make -s phase2-flags`.
 DEVICE ?= cpu
 TINY   := dllm_deploy/models/tiny

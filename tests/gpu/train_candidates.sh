@@ -18,13 +18,13 @@ OUT=${OUT:?set OUT to a folder for the results}
 LIMIT=${1:-380}
 shift || true
 RECIPES=("$@")
-# default (session 7): phase-1 candidates for an all-CPU recipe within 90 minutes, each followed by
+# default: phase-1 candidates for an all-CPU recipe within 90 minutes, each followed by
 # phase 2 (8000 steps: about 52 CPU-minutes; P2STEPS=4000: about 25, which reached 0.880 on r1).
 # r1 is the committed phase 1 (with phase 2: the committed recipe, all on the GPU); c55 ends the
 # warm-up 1200 steps after its loss drop, then diffusion up to 5500 steps (about 64 CPU-minutes at
 # 0.67 s a warm-up step); w45 ends it 600 steps after, within 4500 steps (about 50 CPU-minutes).
-# About 40 ms a step with three runs sharing an H200. Earlier defaults: session 4's
-# r2:--steps,7500,--ar-steps,5000 r3:--steps,12000,--ar-steps,6000; session 5's
+# About 40 ms a step with three runs sharing an H200. Other recipes tried (docs/training.md):
+# r2:--steps,7500,--ar-steps,5000 r3:--steps,12000,--ar-steps,6000
 # m600:--steps,8000,--ar-steps,5000,--ar-until-loss,0.3,--ar-margin,600 (and 1200, and 12000 steps).
 [ ${#RECIPES[@]} -gt 0 ] || RECIPES=(r1:--steps,8000,--ar-steps,3500
                                      c55:--steps,5500,--ar-steps,5000,--ar-until-loss,0.3,--ar-margin,1200
