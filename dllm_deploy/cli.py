@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import signal
 import sys
 from pathlib import Path
 
@@ -154,6 +156,8 @@ def cmd_bench(a) -> int:
     families = _csv(a.tasks) if a.tasks else None
     if a.n < 1 or a.repeats < 1:
         raise UserError("--n and --repeats must be >= 1")
+    if a.tune and a.tune_out:
+        _check_overlay_target(Path(a.tune_out))     # before the run, not after minutes of measuring
     total = len(configurations(backends, strategies, widths, taus, a.tree)) * a.repeats + len(backends)
     bar = _progress(total, "bench", sys.stderr.isatty() and not a.quiet)
     res = run_bench(a.artifact, backends, strategies, widths, taus, families, n=a.n, repeats=a.repeats,
@@ -172,10 +176,7 @@ def cmd_bench(a) -> int:
                        "overlay": str(path)}
         res["targets"] = targets(res, tuned=t["pick"])
     if a.json:
-        Path(a.json).parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(a.json).with_suffix(".tmp")
-        tmp.write_text(json.dumps(res, indent=1) + "\n")
-        tmp.replace(a.json)
+        _write_file(Path(a.json), json.dumps(res, indent=1) + "\n")
     if a.plots:
         for p in report.plots(res, a.plots):
             print(f"plot {p}", file=sys.stderr)
@@ -198,12 +199,36 @@ def cmd_bench(a) -> int:
     return 0
 
 
+def _write_file(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` atomically (never a half-written file in place); one-line error
+    naming the path when the folder cannot be created or written."""
+    from .artifact.fsio import atomic_write
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write(path, text)
+    except OSError as e:
+        raise UserError(f"{path}: cannot write it ({e.strerror})") from None
+
+
+def _check_overlay_target(path: Path) -> None:
+    """``bench --tune`` replaces only a profile overlay it wrote (a YAML mapping with a ``tuned``
+    section); any other file at that path is the user's and is refused."""
+    import yaml
+    if not os.path.lexists(path):
+        return
+    try:
+        data = yaml.safe_load(path.read_text())
+    except (OSError, UnicodeDecodeError, yaml.YAMLError):
+        data = None
+    if not (isinstance(data, dict) and isinstance(data.get("tuned"), dict)):
+        raise UserError(f"{path}: exists and is not a profile overlay written by bench --tune; "
+                        "refusing to replace it (choose another --tune-out)")
+
+
 def _write_yaml(path: Path, data: dict) -> None:
     import yaml
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(yaml.safe_dump(data, sort_keys=False))
-    tmp.replace(path)
+    _check_overlay_target(path)
+    _write_file(path, yaml.safe_dump(data, sort_keys=False))
 
 
 def cmd_report(a) -> int:
@@ -339,7 +364,10 @@ def build_parser() -> argparse.ArgumentParser:
     x.add_argument("--block-length", type=int, default=None, help="block length L (default: the model's)")
     x.add_argument("--max-beam-width", type=int, default=8, help="largest W the artifact is checked for")
     x.add_argument("--opset", type=int, default=17)
-    x.add_argument("--force", action="store_true", help="replace an existing folder")
+    x.add_argument("--force", action="store_true",
+                   help="replace an existing artifact written by dllm-deploy export (atomically: the old one stays "
+                        "whole until the new one is complete). Any other existing folder, a file, the source model's "
+                        "folder, the current folder or a parent is refused; an existing empty folder needs no --force")
     x.add_argument("--json", action="store_true")
     x.set_defaults(func=cmd_export)
 
@@ -395,23 +423,38 @@ def build_parser() -> argparse.ArgumentParser:
     return ap
 
 
+class Terminated(BaseException):
+    """SIGTERM, raised in the main thread so that it unwinds like Ctrl-C: every ``finally`` and
+    ``except BaseException`` on the way (the exporter's scratch-folder removal) runs."""
+
+
+def _on_sigterm(signum, frame):
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)    # a second SIGTERM must not cut the cleanup short
+    raise Terminated()
+
+
 def main(argv=None) -> int:
     import warnings
     warnings.showwarning = lambda msg, *a, **k: print(f"dllm-deploy: warning: {msg}", file=sys.stderr)
     ap = build_parser()
     a = ap.parse_args(argv)
+    previous = signal.signal(signal.SIGTERM, _on_sigterm)
     try:
         return a.func(a)
     except UserError as e:
         print(f"dllm-deploy: error: {e}", file=sys.stderr)
         return 2
     except BrokenPipeError:  # `dllm-deploy ... | head`
-        import os
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
     except KeyboardInterrupt:
         print("dllm-deploy: interrupted", file=sys.stderr)
         return 130
+    except Terminated:
+        print("dllm-deploy: terminated (SIGTERM)", file=sys.stderr)
+        return 128 + signal.SIGTERM
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 if __name__ == "__main__":

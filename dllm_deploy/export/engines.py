@@ -16,10 +16,10 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..artifact.fsio import atomic_write, lock_target
 from ..errors import UserError
 
 GRAPHS = ("prefill", "verify")
@@ -178,11 +178,23 @@ def record_engines(folder: str | Path, profile_name: str, record: dict) -> None:
     path = Path(folder) / "manifest.json"
     m = json.loads(path.read_text())
     m.setdefault("engines", {})[profile_name] = record
-    fd, tmp = tempfile.mkstemp(prefix=".manifest.", dir=str(path.parent))
-    with os.fdopen(fd, "w") as f:
-        f.write(json.dumps(m, indent=2, sort_keys=True) + "\n")
-    os.chmod(tmp, 0o644)
-    os.replace(tmp, path)
+    atomic_write(path, json.dumps(m, indent=2, sort_keys=True) + "\n")
+
+
+def check_engine_targets(folder: str | Path, built: dict | None, wanted: dict, timing_cache: Path) -> None:
+    """build-engines replaces only engine files it wrote: a plan file the manifest records for this
+    profile, and the profile's timing cache once engines are recorded. Any other file in their
+    place is the user's: refused in one line, before anything is built."""
+    folder = Path(folder)
+    ours = {e.get("plan") for e in (built or {}).get("graphs", {}).values()}
+    for g in GRAPHS:
+        rel = wanted["graphs"][g]["plan"]
+        if os.path.lexists(folder / rel) and rel not in ours:
+            raise UserError(f"{folder / rel}: exists but manifest.json records no engine there; refusing to replace it "
+                            "(move or delete it)")
+    if os.path.lexists(timing_cache) and not built:
+        raise UserError(f"{timing_cache}: exists but manifest.json records no engines for profile {wanted['profile']!r}; "
+                        "refusing to replace it (move or delete it)")
 
 
 def plan_engines(folder: str | Path, manifest: dict, profile, workspace_mb: int | None = None,
@@ -256,12 +268,18 @@ def build_engines(folder: str | Path, manifest: dict, plan: dict, force: bool = 
         why = ["plan files missing"]
     if force:
         why = why or ["--force"]
-    for g in GRAPHS:
-        log(f"building {g} engine ({'; '.join(why)}) ...")
-        build_engine(folder / plan["_files"][g], folder / wanted["graphs"][g]["plan"], plan["_shapes"][g],
-                     plan["settings"]["workspace_mb"], plan["settings"]["opt_level"], Path(plan["out_dir"]) / "timing.cache",
-                     hardware_compatibility=plan["settings"]["hardware_compatibility"])
-    record_engines(folder, plan["profile"], wanted)
+    timing_cache = Path(plan["out_dir"]) / "timing.cache"
+    with lock_target(folder.resolve()):        # the lock export takes: no artifact swap mid-build
+        check_engine_targets(folder, built, wanted, timing_cache)
+        try:
+            for g in GRAPHS:
+                log(f"building {g} engine ({'; '.join(why)}) ...")
+                build_engine(folder / plan["_files"][g], folder / wanted["graphs"][g]["plan"], plan["_shapes"][g],
+                             plan["settings"]["workspace_mb"], plan["settings"]["opt_level"], timing_cache,
+                             hardware_compatibility=plan["settings"]["hardware_compatibility"])
+            record_engines(folder, plan["profile"], wanted)
+        except OSError as e:
+            raise UserError(f"{e.filename or folder}: cannot write engines there ({e.strerror})") from None
     return {"built": True, "record": wanted, "reasons": why}
 
 
@@ -293,5 +311,5 @@ def build_engine(onnx_path: Path, engine_path: Path, shapes: dict[str, Shapes], 
     if plan is None:
         raise UserError(f"{onnx_path}: TensorRT failed to build an engine (see the log above)")
     engine_path.parent.mkdir(parents=True, exist_ok=True)
-    engine_path.write_bytes(bytes(plan))
-    timing_cache.write_bytes(bytes(config.get_timing_cache().serialize()))
+    atomic_write(engine_path, bytes(plan))
+    atomic_write(timing_cache, bytes(config.get_timing_cache().serialize()))

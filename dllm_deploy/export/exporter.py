@@ -1,23 +1,34 @@
 """Export a dLLM to the artifact of DESIGN §3: prefill.onnx + verify.onnx sharing one weights
 file, precision variants, manifest.json, and a parity check (ONNX Runtime vs PyTorch).
 
-The artifact is written to a temporary folder beside ``out`` and renamed at the end: an
-interrupted or failed export leaves nothing behind.
+Nothing but its own artifact is ever deleted or left half-written (artifact/fsio.py):
+- ``--out`` is checked before anything is written. An existing empty folder is used as is; any
+  other existing folder needs ``--force``, and ``--force`` replaces only an artifact this tool
+  wrote (manifest.json with schema_version and exporter_version). Never replaced: a regular
+  file, a folder of other files, the source model's folder or a folder holding it, the current
+  folder or one of its parents, ``/``. Paths are resolved (symlinks, ``.``, ``..``) first.
+- The export holds a lock on the target (``.NAME.lock`` beside it) from start to end: a second
+  export to the same folder fails in one line instead of silently replacing the first.
+- The artifact is written into a marked scratch folder beside ``out`` and swapped in by renames,
+  so the target is at every instant the whole old artifact or the whole new one. A failed or
+  interrupted (Ctrl-C, SIGTERM) export removes its scratch folder; one left by a killed export
+  (SIGKILL, power loss) is removed by the next export to that target.
 """
 from __future__ import annotations
 
 import hashlib
 import io
 import json
+import os
 import shutil
-import tempfile
 import time
 from pathlib import Path
 
 import numpy as np
 
 from .. import __version__
-from ..artifact import write_manifest
+from ..artifact import MANIFEST, write_manifest
+from ..artifact.fsio import clean_stale, lock_target, remove_temp_dir, replace_dir, temp_dir
 from ..errors import UserError
 from .graphs import PrefillGraph, VerifyGraph, dynamic_axes, io_names
 
@@ -108,9 +119,6 @@ def parity(folder: Path, files: dict, module, cfg, shapes, dtype, providers=("CP
 def export(model: str = "tiny", out: str | Path = "artifact", precisions=("fp32",), block_length: int | None = None,
            max_beam_width: int = 8, opset: int = DEFAULT_OPSET, force: bool = False, log=print) -> dict:
     """Export ``model`` (``tiny`` or a Hugging Face folder) into the artifact folder ``out``."""
-    import onnx
-    import torch
-
     from ..models.loading import load_model, resolve_model_dir
     from ..models.tokenizer import load_tokenizer
 
@@ -122,80 +130,142 @@ def export(model: str = "tiny", out: str | Path = "artifact", precisions=("fp32"
         precisions.insert(0, "fp32")
     if max_beam_width < 1:
         raise UserError("--max-beam-width must be >= 1")
-    out = Path(out)
-    if out.exists() and not force:
-        raise UserError(f"{out}: already exists (pass --force to replace it)")
-    src = resolve_model_dir(model)
-    module, cfg = load_model(src, attention="eager")
-    L = block_length or cfg.block_size
-    tok = load_tokenizer(src, cfg.eos_token_id)
+    given = Path(out)
+    out = given.resolve()
+    t0 = time.time()
+    src = resolve_model_dir(model).resolve()
+    check_target(out, src, force)
+    _make_parent(out)
+    with lock_target(out):
+        check_target(out, src, force)       # again: another process may have written it meanwhile
+        clean_stale(out)
+        module, cfg = load_model(src, attention="eager")
+        tok = load_tokenizer(src, cfg.eos_token_id)
+        try:
+            scratch = temp_dir(out)
+        except OSError as e:
+            raise UserError(f"{out}: cannot write in {out.parent} ({e.strerror})") from None
+        try:
+            work = scratch / "artifact"
+            work.mkdir()
+            files, parity_report = _write_artifact(work, module, cfg, tok, src, block_length or cfg.block_size,
+                                                   precisions, max_beam_width, opset, log)
+            replace_dir(work, out, scratch)
+        except OSError as e:
+            raise UserError(f"{out}: cannot write the artifact: {e.filename or out}: {e.strerror}") from None
+        finally:
+            remove_temp_dir(scratch)
+    sizes = {p: sum((out / f).stat().st_size for f in fs.values()) for p, fs in files.items()}
+    return {"artifact": str(given), "files": sorted(str(p.relative_to(out)) for p in out.rglob("*") if p.is_file()),
+            "sizes_bytes": sizes, "parity": parity_report, "seconds": round(time.time() - t0, 1)}
+
+
+def _write_artifact(tmp: Path, module, cfg, tok, src: Path, L: int, precisions: list, max_beam_width: int,
+                    opset: int, log) -> tuple[dict, dict]:
+    """Every file of the artifact, manifest last, into the empty folder ``tmp``."""
+    import onnx
+    import torch
+    t0 = time.time()
     names = io_names(cfg.num_layers)
     axes = dynamic_axes(cfg.num_layers)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
-    t0 = time.time()
+    files: dict[str, dict] = {}
+    parity_report: dict[str, dict] = {}
+    shapes = [(1, 24, 0), (2, L, 24), (1, 2 * L, 40), (1, max_beam_width * L, 48)]
+    for prec in precisions:
+        log(f"export {prec} ...")
+        sub = tmp if prec == "fp32" else tmp / prec
+        sub.mkdir(exist_ok=True)
+        rel = "" if prec == "fp32" else f"{prec}/"
+        if prec == "int8":
+            graphs = _int8_variant(tmp, sub)
+            dtype, mod = torch.float32, module
+        else:
+            dtype = torch.float16 if prec == "fp16" else torch.float32
+            mod = module.to(dtype) if prec == "fp16" else module
+            args = _dummy(cfg, 1, L, 4, dtype)
+            args = (args[0], args[1], args[2], *args[3])
+            graphs = {"prefill": _export_graph(PrefillGraph(mod, TOPK), args, names["prefill"], axes, opset),
+                      "verify": _export_graph(VerifyGraph(mod, TOPK), args, names["verify"], axes, opset)}
+        share_weights(graphs, sub, "weights.bin")
+        for g, m in graphs.items():
+            onnx.save(m, str(sub / f"{g}.onnx"))
+        files[prec] = {"prefill": f"{rel}prefill.onnx", "verify": f"{rel}verify.onnx", "weights": f"{rel}weights.bin"}
+        log(f"parity {prec} ...")
+        try:
+            parity_report[prec] = parity(tmp, files[prec], mod, cfg, shapes, dtype)
+        except Exception as e:  # fp16 kernels may be missing on the CPU execution provider
+            if prec == "fp32":
+                raise
+            parity_report[prec] = {"skipped": f"ONNX Runtime CPU could not run it here: {type(e).__name__}"}
+        if prec == "fp16":
+            module = module.float()
+    if tok.kind == "hf":
+        shutil.copy(src / "tokenizer.json", tmp / "tokenizer.json")
+    manifest = {
+        "exporter_version": __version__, "torch_version": torch.__version__, "onnx_opset": opset,
+        "model": cfg.to_dict(), "source": str(src),
+        "tokenizer": tok.to_manifest(),
+        "special_ids": {"mask": cfg.mask_token_id, "eos": cfg.eos_token_id, "pad": cfg.pad_token_id},
+        "block_length": L, "max_beam_width": max_beam_width, "topk": TOPK,
+        "cache_mode": "exact" if cfg.attention == "block_causal" else "prefix",
+        "graphs": {g: {**names[g], "dims": {"input_ids": ["batch", "tokens"], "position_ids": ["batch", "tokens"],
+                                            "attention_mask": ["batch", 1, "tokens", "kv_len"],
+                                            "past": ["batch", cfg.num_kv_heads, "past", cfg.head_dim],
+                                            "top": ["batch", "tokens", TOPK]}} for g in names},
+        "precisions": files, "parity": parity_report,
+        "created_s": round(time.time() - t0, 1),
+    }
+    fp32 = parity_report["fp32"]
+    if fp32["max_abs_diff"]["prefill_logits"] > 1e-3 or not fp32["top1_ids_identical"]:
+        raise UserError(f"parity check failed: {json.dumps(fp32)}")
+    write_manifest(tmp, manifest)
+    return files, parity_report
+
+
+def _is_artifact(folder: Path) -> bool:
+    """Whether ``folder`` holds a manifest this tool wrote (schema_version and exporter_version)."""
     try:
-        files: dict[str, dict] = {}
-        parity_report: dict[str, dict] = {}
-        shapes = [(1, 24, 0), (2, L, 24), (1, 2 * L, 40), (1, max_beam_width * L, 48)]
-        for prec in precisions:
-            log(f"export {prec} ...")
-            sub = tmp if prec == "fp32" else tmp / prec
-            sub.mkdir(exist_ok=True)
-            rel = "" if prec == "fp32" else f"{prec}/"
-            if prec == "int8":
-                graphs = _int8_variant(tmp, sub)
-                dtype, mod = torch.float32, module
-            else:
-                dtype = torch.float16 if prec == "fp16" else torch.float32
-                mod = module.to(dtype) if prec == "fp16" else module
-                args = _dummy(cfg, 1, L, 4, dtype)
-                args = (args[0], args[1], args[2], *args[3])
-                graphs = {"prefill": _export_graph(PrefillGraph(mod, TOPK), args, names["prefill"], axes, opset),
-                          "verify": _export_graph(VerifyGraph(mod, TOPK), args, names["verify"], axes, opset)}
-            share_weights(graphs, sub, "weights.bin")
-            for g, m in graphs.items():
-                onnx.save(m, str(sub / f"{g}.onnx"))
-            files[prec] = {"prefill": f"{rel}prefill.onnx", "verify": f"{rel}verify.onnx", "weights": f"{rel}weights.bin"}
-            log(f"parity {prec} ...")
-            try:
-                parity_report[prec] = parity(tmp, files[prec], mod, cfg, shapes, dtype)
-            except Exception as e:  # fp16 kernels may be missing on the CPU execution provider
-                if prec == "fp32":
-                    raise
-                parity_report[prec] = {"skipped": f"ONNX Runtime CPU could not run it here: {type(e).__name__}"}
-            if prec == "fp16":
-                module = module.float()
-        if tok.kind == "hf":
-            shutil.copy(src / "tokenizer.json", tmp / "tokenizer.json")
-        manifest = {
-            "exporter_version": __version__, "torch_version": torch.__version__, "onnx_opset": opset,
-            "model": cfg.to_dict(), "source": str(src),
-            "tokenizer": tok.to_manifest(),
-            "special_ids": {"mask": cfg.mask_token_id, "eos": cfg.eos_token_id, "pad": cfg.pad_token_id},
-            "block_length": L, "max_beam_width": max_beam_width, "topk": TOPK,
-            "cache_mode": "exact" if cfg.attention == "block_causal" else "prefix",
-            "graphs": {g: {**names[g], "dims": {"input_ids": ["batch", "tokens"], "position_ids": ["batch", "tokens"],
-                                                "attention_mask": ["batch", 1, "tokens", "kv_len"],
-                                                "past": ["batch", cfg.num_kv_heads, "past", cfg.head_dim],
-                                                "top": ["batch", "tokens", TOPK]}} for g in names},
-            "precisions": files, "parity": parity_report,
-            "created_s": round(time.time() - t0, 1),
-        }
-        fp32 = parity_report["fp32"]
-        if fp32["max_abs_diff"]["prefill_logits"] > 1e-3 or not fp32["top1_ids_identical"]:
-            raise UserError(f"parity check failed: {json.dumps(fp32)}")
-        write_manifest(tmp, manifest)
-        tmp.chmod(0o755)
-        if out.exists():
-            shutil.rmtree(out)
-        tmp.rename(out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    sizes = {p: sum((out / f).stat().st_size for f in fs.values()) for p, fs in files.items()}
-    return {"artifact": str(out), "files": sorted(str(p.relative_to(out)) for p in out.rglob("*") if p.is_file()),
-            "sizes_bytes": sizes, "parity": parity_report, "seconds": round(time.time() - t0, 1)}
+        m = json.loads((folder / MANIFEST).read_text())
+    except (OSError, ValueError):
+        return False
+    return isinstance(m, dict) and "schema_version" in m and "exporter_version" in m
+
+
+def check_target(out: Path, src: Path, force: bool) -> None:
+    """Refuse an ``out`` (resolved) that export must not write or replace; reads only, so a
+    refusal leaves everything as it was. An existing empty folder is used as is."""
+    if out == Path(out.anchor):
+        raise UserError(f"{out}: refusing to replace the root folder")
+    if Path.cwd().resolve().is_relative_to(out):
+        raise UserError(f"{out}: refusing to replace the current folder or one of its parents")
+    if src.is_relative_to(out):
+        what = "the source model's folder" if src == out else f"a folder holding the source model {src}"
+        raise UserError(f"{out}: refusing to replace {what}")
+    try:
+        if not os.path.lexists(out):
+            return
+        if not out.is_dir():
+            raise UserError(f"{out}: exists and is not a folder (export writes an artifact folder; choose another --out)")
+        if not any(out.iterdir()):
+            return
+    except OSError as e:
+        raise UserError(f"{out}: cannot read it ({e.strerror})") from None
+    if not force:
+        raise UserError(f"{out}: already exists (pass --force to replace an artifact written by dllm-deploy export)")
+    if not _is_artifact(out):
+        raise UserError(f"{out}: not an artifact written by dllm-deploy export (no manifest.json of ours); "
+                        "--force replaces only those, so move or delete it yourself")
+
+
+def _make_parent(out: Path) -> None:
+    """Create the folders above ``out``; a one-line error naming the path when that is impossible."""
+    blocker = next((p for p in out.parents if os.path.lexists(p) and not p.is_dir()), None)
+    if blocker is not None:
+        raise UserError(f"{out}: {blocker} is a file, not a folder")
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise UserError(f"{out}: cannot create {e.filename or out.parent} ({e.strerror})") from None
 
 
 def _int8_variant(fp32_dir: Path, sub: Path) -> dict:

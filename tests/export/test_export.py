@@ -120,6 +120,7 @@ def test_missing_onnx_and_missing_precision(tiny_artifact, tmp_path):
 def test_export_refuses_existing_folder_and_leaves_nothing_on_failure(tmp_path):
     from dllm_deploy.export.exporter import export
     (tmp_path / "taken").mkdir()
+    (tmp_path / "taken" / "notes.txt").write_text("an existing empty folder is used as is; this one is not empty")
     with pytest.raises(UserError, match="already exists"):
         export("tiny", tmp_path / "taken", log=lambda m: None)
     with pytest.raises(UserError, match="unknown precision 'fp8'"):
