@@ -240,8 +240,7 @@ def cmd_report(a) -> int:
     paths = report.plots(res, a.plots) if a.plots else []
     text = report.markdown(res, paths, a.out, source=a.bench_json)
     if a.out:
-        Path(a.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(a.out).write_text(text)
+        _write_file(Path(a.out), text)
         print(f"wrote {a.out}" + (f" and {len(paths)} plots in {a.plots}" if paths else ""), file=sys.stderr)
     else:
         sys.stdout.write(text)
