@@ -9,6 +9,7 @@
 #include "dllm_deploy/dllm.h"
 #include "error.hpp"
 #include "ort_backend.hpp"
+#include "tokenizer.hpp"
 
 #ifndef DLLM_VERSION
 #define DLLM_VERSION "0.0.0"
@@ -35,9 +36,26 @@ using dllm::detail::Failure;
 // Returned when even the error object cannot be allocated; dllm_error_free ignores it.
 dllm_error g_out_of_memory{DLLM_ERROR_OUT_OF_MEMORY, std::string()};
 
+// A message is one line of valid UTF-8 even when it quotes a corrupt manifest's bytes: invalid
+// UTF-8 becomes U+FFFD, control characters (a newline in a key) become \xNN.
+std::string one_line(const char* message) {
+  std::string out;
+  for (char c : dllm::detail::utf8_replace_invalid(message)) {
+    if (static_cast<unsigned char>(c) >= 0x20) {
+      out += c;
+      continue;
+    }
+    static const char* hex = "0123456789abcdef";
+    out += "\\x";
+    out += hex[(c >> 4) & 0xF];
+    out += hex[c & 0xF];
+  }
+  return out;
+}
+
 dllm_error* make_error(dllm_code code, const char* message) noexcept {
   try {
-    return new dllm_error{code, message};
+    return new dllm_error{code, one_line(message)};
   } catch (...) {
     return &g_out_of_memory;
   }
