@@ -7,7 +7,8 @@
 // wall_s, tokens_per_s, beam_width_used, accepted_hist, finished, beam_width_requested) plus
 // backend_s (seconds inside ONNX Runtime). A prompts file holds one prompt per line: a line that
 // starts with a double quote is a JSON string ("upper: air\n" carries its newline), any other
-// line is taken as is (without its line ending); blank lines are skipped.
+// line is taken as is (without its line ending); blank lines are skipped. A prompt holding a NUL
+// byte is refused (FILE:LINE); invalid UTF-8 is read as U+FFFD, as `dllm-deploy generate` does.
 // A user error prints one line on stderr and exits with 2 (1 for an internal error).
 #include <cerrno>
 #include <cstdio>
@@ -44,6 +45,12 @@ int to_int(const std::string& flag, const std::string& v) {
   return static_cast<int>(x);
 }
 
+int at_least_1(const std::string& flag, const std::string& v) {
+  const int x = to_int(flag, v);
+  if (x < 1) throw UsageError{"argument " + flag + ": must be >= 1, got " + v};
+  return x;
+}
+
 double to_double(const std::string& flag, const std::string& v) {
   char* end = nullptr;
   double x = std::strtod(v.c_str(), &end);
@@ -63,26 +70,31 @@ bool json_string(const std::string& line, std::string& out) {
   }
 }
 
+[[noreturn]] void bad_prompts_file(const std::string& where, const std::string& what) {
+  throw dllm::Error(DLLM_ERROR_INVALID_ARGUMENT, where + ": " + what);
+}
+
+// The prompts of a --prompts-file (the file's format: the comment at the top). A NUL byte is
+// refused (a prompt crosses the C ABI as a NUL-terminated string: it would be cut short);
+// invalid UTF-8 is kept and read as U+FFFD by the runtime.
 std::vector<std::string> read_prompts(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
-  if (!in) throw dllm::Error(DLLM_ERROR_INVALID_ARGUMENT, path + ": cannot read the prompts file");
+  if (!in) bad_prompts_file(path, std::string("cannot read the prompts file (") + std::strerror(errno) + ")");
   std::vector<std::string> prompts;
   std::string line;
   int number = 0;
   while (std::getline(in, line)) {
     ++number;
+    const std::string where = path + ":" + std::to_string(number);
     if (!line.empty() && line.back() == '\r') line.pop_back();
     if (line.find_first_not_of(" \t") == std::string::npos) continue;
-    if (line[0] == '"') {
-      std::string text;
-      if (!json_string(line, text))
-        throw dllm::Error(DLLM_ERROR_INVALID_ARGUMENT, path + ":" + std::to_string(number) + ": not a valid JSON string");
-      prompts.push_back(text);
-    } else {
-      prompts.push_back(line);
-    }
+    std::string text = line;
+    if (line[0] == '"' && !json_string(line, text)) bad_prompts_file(where, "not a valid JSON string");
+    if (text.find('\0') != std::string::npos) bad_prompts_file(where, "the prompt holds a NUL byte");
+    prompts.push_back(std::move(text));
   }
-  if (prompts.empty()) throw dllm::Error(DLLM_ERROR_INVALID_ARGUMENT, path + ": no prompt in the file");
+  if (in.bad()) bad_prompts_file(path, std::string("cannot read the prompts file (") + std::strerror(errno) + ")");
+  if (prompts.empty()) bad_prompts_file(path, "no prompt in the file");
   return prompts;
 }
 
@@ -115,12 +127,9 @@ int run(int argc, char** argv) {
     else if (flag == "--gen-length") cfg.gen_length = to_int(flag, v);
     else if (flag == "--block-length") cfg.block_length = to_int(flag, v);
     else if (flag == "--tokens-per-step") cfg.tokens_per_step = to_int(flag, v);
-    else if (flag == "--steps") {
-      cfg.steps = to_int(flag, v);
-      if (cfg.steps < 1) throw UsageError{"argument --steps: must be >= 1"};
-    }
+    else if (flag == "--steps") cfg.steps = at_least_1(flag, v);
     else if (flag == "--beam-width") cfg.beam_width = to_int(flag, v);
-    else if (flag == "--max-beam-width") ropt.max_beam_width = to_int(flag, v);
+    else if (flag == "--max-beam-width") ropt.max_beam_width = at_least_1(flag, v);
     else if (flag == "--tree") cfg.tree = v;
     else if (flag == "--threshold") cfg.threshold = to_double(flag, v);
     else if (flag == "--draft-tau") cfg.draft_tau = to_double(flag, v);
@@ -163,7 +172,8 @@ int main(int argc, char** argv) {
     std::cerr << "dllm-generate: error: " << e.message << " (see --help)\n";
     return 2;
   } catch (const dllm::Error& e) {
-    std::cerr << "dllm-generate: error: " << e.what() << "\n";
+    const char* hint = e.code() == DLLM_ERROR_OUT_OF_MEMORY ? ": lower --max-beam-width (or --gen-length)" : "";
+    std::cerr << "dllm-generate: error: " << e.what() << hint << "\n";
     return e.code() == DLLM_ERROR_INTERNAL ? 1 : 2;
   } catch (const std::exception& e) {
     std::cerr << "dllm-generate: internal error: " << e.what() << "\n";

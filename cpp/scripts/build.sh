@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Build the C++ runtime (library, dllm-generate, dllm-embed):
 #   cpp/scripts/build.sh           -> build/cpp        (Release)
-#   cpp/scripts/build.sh asan      -> build/cpp-asan   (AddressSanitizer, -O1 -g)
+#   cpp/scripts/build.sh asan      -> build/cpp-asan   (AddressSanitizer + UBSan, -O1 -g)
 # ONNX Runtime comes from $ONNXRUNTIME_ROOT, else get_onnxruntime.sh provides build/onnxruntime.
 # JOBS (default 2) parallel compile jobs; compiles run at nice 5.
 set -euo pipefail

@@ -9,6 +9,7 @@
 #include "dllm_deploy/dllm.h"
 #include "error.hpp"
 #include "ort_backend.hpp"
+#include "tokenizer.hpp"
 
 #ifndef DLLM_VERSION
 #define DLLM_VERSION "0.0.0"
@@ -33,11 +34,28 @@ namespace {
 using dllm::detail::Failure;
 
 // Returned when even the error object cannot be allocated; dllm_error_free ignores it.
-dllm_error g_out_of_memory{DLLM_ERROR_INTERNAL, std::string()};
+dllm_error g_out_of_memory{DLLM_ERROR_OUT_OF_MEMORY, std::string()};
+
+// A message is one line of valid UTF-8 even when it quotes a corrupt manifest's bytes: invalid
+// UTF-8 becomes U+FFFD, control characters (a newline in a key) become \xNN.
+std::string one_line(const char* message) {
+  std::string out;
+  for (char c : dllm::detail::utf8_replace_invalid(message)) {
+    if (static_cast<unsigned char>(c) >= 0x20) {
+      out += c;
+      continue;
+    }
+    static const char* hex = "0123456789abcdef";
+    out += "\\x";
+    out += hex[(c >> 4) & 0xF];
+    out += hex[c & 0xF];
+  }
+  return out;
+}
 
 dllm_error* make_error(dllm_code code, const char* message) noexcept {
   try {
-    return new dllm_error{code, message};
+    return new dllm_error{code, one_line(message)};
   } catch (...) {
     return &g_out_of_memory;
   }
@@ -51,7 +69,7 @@ dllm_error* guarded(F&& f) noexcept {
   } catch (const Failure& e) {
     return make_error(e.code, e.what());
   } catch (const std::bad_alloc&) {
-    return make_error(DLLM_ERROR_INTERNAL, "out of memory");
+    return make_error(DLLM_ERROR_OUT_OF_MEMORY, "out of memory");
   } catch (const std::exception& e) {
     return make_error(DLLM_ERROR_INTERNAL, e.what());
   } catch (...) {
@@ -128,7 +146,7 @@ void dllm_decode_config_init(dllm_decode_config* c) {
   c->gen_length = d.gen_length;
   c->block_length = d.block_length;
   c->tokens_per_step = d.tokens_per_step;
-  c->steps = d.steps;
+  c->steps = DLLM_STEPS_UNSET;
   c->threshold = d.threshold;
   c->beam_width = d.beam_width;
   c->tree = "fork";
@@ -161,7 +179,7 @@ dllm_error* dllm_runtime_generate(dllm_runtime* rt, const char* prompt, const dl
     d.gen_length = c.gen_length;
     d.block_length = c.block_length;
     d.tokens_per_step = c.tokens_per_step;
-    d.steps = c.steps;
+    if (c.steps != DLLM_STEPS_UNSET) d.steps = c.steps;
     d.threshold = c.threshold;
     d.beam_width = c.beam_width;
     d.tree = or_default(c.tree, "fork");

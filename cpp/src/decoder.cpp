@@ -3,9 +3,11 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <new>
 
 #include "error.hpp"
 #include "json.hpp"
+#include "memory.hpp"
 
 namespace dllm::detail {
 
@@ -77,10 +79,27 @@ Engine::Engine(const std::string& artifact_dir, const EngineOptions& options)
                                  "only the byte tokenizer is");
   if (manifest_.tokenizer_kind != "byte")
     artifact_error(manifest_.folder + ": unknown tokenizer kind " + quoted(manifest_.tokenizer_kind) + " in the manifest");
-  cap_ = manifest_.max_beam_width;
-  if (options.max_beam_width > 0) cap_ = std::min(cap_, options.max_beam_width);
-  cap_ = std::max(cap_, 1);
   backend_ = std::make_unique<OrtBackend>(manifest_, options.intra_op_threads);
+  set_beam_width_cap();
+}
+
+// The W cap (api.py::Runtime.load): the manifest's max_beam_width, the user's, then the
+// free-memory estimate of the built-in CPU profile, whichever is lowest.
+void Engine::set_beam_width_cap() {
+  cap_ = std::max(manifest_.max_beam_width, 1);
+  cap_reason_ = "cap from the artifact's max_beam_width";
+  if (options_.max_beam_width > 0 && options_.max_beam_width < cap_) {
+    cap_ = options_.max_beam_width;
+    cap_reason_ = "cap from the max_beam_width option";
+  }
+  const int64_t free = free_memory_bytes();
+  const int mem_cap = beam_width_cap(manifest_.model, free, cpu_memory_budget(), manifest_.precision, cap_);
+  if (mem_cap < cap_) {
+    cap_ = mem_cap;
+    char gib[32];
+    std::snprintf(gib, sizeof gib, "%.1f", static_cast<double>(free) / (1 << 30));
+    cap_reason_ = std::string("cap from the free-memory estimate, ") + gib + " GiB free";
+  }
 }
 
 RowResult Engine::generate(const std::string& prompt, const DecodeOptions& cfg_in) {
@@ -92,9 +111,8 @@ RowResult Engine::generate(const std::string& prompt, const DecodeOptions& cfg_i
   int width = requested;
   if (width > cap_) {
     width = cap_;
-    const bool artifact_cap = cap_ == manifest_.max_beam_width;
-    out.warnings = "beam width " + std::to_string(requested) + " lowered to " + std::to_string(width) +
-                   (artifact_cap ? " (cap from the artifact's max_beam_width)" : " (cap from the max_beam_width option)");
+    out.warnings = "beam width " + std::to_string(requested) + " lowered to " + std::to_string(width) + " (" +
+                   cap_reason_ + ")";
     if (options_.warnings_to_stderr) std::fprintf(stderr, "dllm: warning: %s\n", out.warnings.c_str());
   }
   cfg.beam_width = width;
@@ -111,7 +129,13 @@ RowResult Engine::generate(const std::string& prompt, const DecodeOptions& cfg_i
 
   const double backend0 = backend_->run_seconds;
   const auto t0 = std::chrono::steady_clock::now();
-  run(encoded, cfg, policy, n_blocks, mode, out);
+  try {
+    run(encoded, cfg, policy, n_blocks, mode, out);
+  } catch (const std::bad_alloc&) {
+    fail(DLLM_ERROR_OUT_OF_MEMORY, "out of memory decoding at beam width " + std::to_string(width) + " (prompt of " +
+                                       std::to_string(encoded.size()) + " tokens + " + std::to_string(budget) +
+                                       " generated)");
+  }
   const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 
   out.text = tokenizer_.decode(out.token_ids);

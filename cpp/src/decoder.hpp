@@ -69,6 +69,7 @@ class Engine {
   int max_beam_width() const { return cap_; }
 
  private:
+  void set_beam_width_cap();
   void run(const std::vector<int64_t>& prompt, const DecodeOptions& cfg, Policy& policy, int n_blocks,
            CacheMode mode, RowResult& out);
   // bidirectional models (loop.py::_Batch.refresh / verify_canvas)
@@ -79,7 +80,8 @@ class Engine {
 
   Manifest manifest_;
   EngineOptions options_;
-  int cap_;  // min(manifest max_beam_width, user cap)
+  int cap_;                // min(manifest max_beam_width, user cap, free-memory estimate)
+  std::string cap_reason_;  // what set cap_, for the warning
   ByteTokenizer tokenizer_;
   std::unique_ptr<OrtBackend> backend_;
   // loop state, sized once per generate (grow-only)

@@ -1,5 +1,6 @@
 #include "manifest.hpp"
 
+#include <cerrno>
 #include <filesystem>
 #include <fstream>
 #include <set>
@@ -51,6 +52,12 @@ class Reader {
     }
     return out;
   }
+  // An optional true/false key (absent: false).
+  bool flag(const Json& obj, const char* key, const std::string& where) const {
+    const Json* v = obj.find(key);
+    if (v && v->type != Json::Type::Bool) corrupt("'" + where + "' is not true/false");
+    return v && v->boolean;
+  }
   const Json& object(const Json& obj, const char* key, const std::string& where) const {
     const Json& v = field(obj, key, where);
     if (!v.is_object()) corrupt("'" + where + "' is not an object");
@@ -60,6 +67,12 @@ class Reader {
  private:
   std::string path_;
 };
+
+// A path that exists but cannot be read: say why (permission denied), never "missing".
+[[noreturn]] void unreadable(const std::string& path, const std::error_code& ec) {
+  if (ec == std::errc::permission_denied) artifact_error(path + ": permission denied");
+  artifact_error(path + ": cannot be read (" + ec.message() + ")");
+}
 
 std::string describe(const Json& v) {
   if (v.type == Json::Type::String) return quoted(v.string);
@@ -75,11 +88,16 @@ Manifest read_manifest(const std::string& folder_in, const std::string& precisio
   std::string folder = fs::path(folder_in).lexically_normal().string();
   if (folder.size() > 1 && folder.back() == '/') folder.pop_back();
   std::error_code ec;
-  if (!fs::is_directory(folder, ec)) artifact_error(folder + ": no such artifact folder");
+  const fs::file_status st = fs::status(folder, ec);
+  if (ec && ec != std::errc::no_such_file_or_directory) unreadable(folder, ec);
+  if (!fs::exists(st)) artifact_error(folder + ": no such artifact folder");
+  if (!fs::is_directory(st)) artifact_error(folder + ": not a folder (an artifact is the folder that holds manifest.json)");
   const std::string path = (fs::path(folder) / "manifest.json").string();
-  if (!fs::exists(path, ec)) artifact_error(folder + ": not an artifact (no manifest.json)");
+  const bool listed = fs::exists(path, ec);
+  if (ec) unreadable(folder, ec);
+  if (!listed) artifact_error(folder + ": not an artifact (no manifest.json)");
   std::ifstream in(path, std::ios::binary);
-  if (!in) artifact_error(path + ": cannot be read");
+  if (!in) unreadable(path, std::error_code(errno, std::generic_category()));
   std::stringstream ss;
   ss << in.rdbuf();
   Json m;
@@ -118,9 +136,12 @@ Manifest read_manifest(const std::string& folder_in, const std::string& precisio
       if (!need.count(rel) && (ends_with(rel, ".onnx") || ends_with(rel, ".bin"))) continue;
       if (kv.second.type != Json::Type::String) r.corrupt("'files." + rel + "' is not a sha256 string");
       const std::string f = (fs::path(folder) / rel).string();
-      if (!fs::exists(f, ec)) artifact_error(f + ": missing (listed in the manifest)");
+      if (!fs::exists(f, ec)) {
+        if (ec) unreadable(f, ec);
+        artifact_error(f + ": missing (listed in the manifest)");
+      }
       std::string digest;
-      if (!sha256_file(f, digest)) artifact_error(f + ": cannot be read");
+      if (!sha256_file(f, digest)) unreadable(f, std::error_code(errno, std::generic_category()));
       if (digest != kv.second.string) artifact_error(f + ": sha256 mismatch (the file changed after export)");
     }
   }
@@ -138,12 +159,16 @@ Manifest read_manifest(const std::string& folder_in, const std::string& precisio
   out.model.pad_token_id = r.integer(model, "pad_token_id", "model.pad_token_id");
   out.model.max_seq = r.integer(model, "max_seq", "model.max_seq");
   out.model.attention = r.string(model, "attention", "model.attention");
-  if (const Json* shift = model.find("shift_logits")) {
-    if (shift->type != Json::Type::Bool) r.corrupt("'model.shift_logits' is not true/false");
-    out.model.shift_logits = shift->boolean;
-  }
-  if (out.model.num_layers < 1 || out.model.num_kv_heads < 1 || out.model.head_dim < 1)
-    r.corrupt("model dimensions must be >= 1");
+  out.model.hidden_size = r.integer(model, "hidden_size", "model.hidden_size");
+  out.model.intermediate_size = r.integer(model, "intermediate_size", "model.intermediate_size");
+  out.model.num_heads = r.integer(model, "num_heads", "model.num_heads");
+  out.model.block_size = r.integer(model, "block_size", "model.block_size");
+  out.model.shift_logits = r.flag(model, "shift_logits", "model.shift_logits");
+  out.model.tie_word_embeddings = r.flag(model, "tie_word_embeddings", "model.tie_word_embeddings");
+  for (int dim : {out.model.vocab_size, out.model.hidden_size, out.model.intermediate_size, out.model.num_layers,
+                  out.model.num_heads, out.model.num_kv_heads, out.model.head_dim, out.model.block_size,
+                  out.model.max_seq})
+    if (dim < 1) r.corrupt("model dimensions must be >= 1");
   out.topk = r.integer(m, "topk", "topk");
   if (out.topk < 1) r.corrupt("'topk' must be >= 1");
   if (m.find("max_beam_width")) out.max_beam_width = r.integer(m, "max_beam_width", "max_beam_width");

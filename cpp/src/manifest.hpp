@@ -10,10 +10,15 @@ namespace dllm::detail {
 constexpr int kSchemaVersion = 1;
 
 struct ModelConfig {
-  int vocab_size = 0;
-  int num_layers = 0;    // transformer blocks
-  int num_kv_heads = 0;  // Hkv
-  int head_dim = 0;      // D
+  int vocab_size = 0;         // V
+  int hidden_size = 0;        // C
+  int intermediate_size = 0;  // F (SwiGLU width)
+  int num_layers = 0;         // transformer blocks
+  int num_heads = 0;          // H
+  int num_kv_heads = 0;       // Hkv
+  int head_dim = 0;           // D
+  int block_size = 0;         // the block length the model was trained with
+  bool tie_word_embeddings = false;
   int mask_token_id = 0;
   int eos_token_id = 0;
   int pad_token_id = 0;

@@ -8,6 +8,7 @@
 #include <deque>
 #include <filesystem>
 #include <mutex>
+#include <new>
 #include <vector>
 
 #include "error.hpp"
@@ -21,6 +22,12 @@ const OrtApi* g_api = nullptr;
 std::string first_line(const std::string& s, size_t limit = 200) {
   std::string line = s.substr(0, s.find('\n'));
   return line.size() > limit ? line.substr(0, limit) : line;
+}
+
+// ONNX Runtime's allocators report a failed allocation as a run error with one of these texts.
+bool out_of_memory(const std::string& what) {
+  return what.find("Failed to allocate memory") != std::string::npos || what.find("bad_alloc") != std::string::npos ||
+         what.find("bad allocation") != std::string::npos;
 }
 
 }  // namespace
@@ -90,6 +97,7 @@ struct OrtBackend::Impl {
       s.Run(run_options, in.data(), in_values.data(), in_values.size(), out.data(), out_values.data(),
             out_values.size());
     } catch (const Ort::Exception& e) {
+      if (out_of_memory(e.what())) throw std::bad_alloc();  // the decoder reports it with the beam width
       fail(DLLM_ERROR_ONNXRUNTIME, "ONNX Runtime run failed: " + first_line(e.what()));
     }
     seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -98,7 +106,11 @@ struct OrtBackend::Impl {
 
 namespace {
 
-void check_io(Ort::Session& s, const std::string& graph, const GraphIO& io, bool want_kv_out, const std::string& file) {
+// A fixed dimension of the graph (not a symbolic one, -1) that differs from the manifest's.
+bool differs(int64_t graph_dim, int64_t manifest_dim) { return graph_dim >= 0 && graph_dim != manifest_dim; }
+
+void check_io(Ort::Session& s, const std::string& graph, const GraphIO& io, bool want_kv_out, const std::string& file,
+              const Manifest& m) {
   Ort::AllocatorWithDefaultOptions alloc;
   auto bad = [&](const std::string& what) { artifact_error(file + ": " + graph + " graph does not match the manifest (" + what + ")"); };
   if (s.GetInputCount() != io.inputs.size()) bad("input count");
@@ -111,6 +123,11 @@ void check_io(Ort::Session& s, const std::string& graph, const GraphIO& io, bool
       if (i >= 3) fail(DLLM_ERROR_UNSUPPORTED, file + ": the KV cache is not float32; only fp32 KV (fp32, int8 variants) is supported in C++ yet");
       bad("type of " + io.inputs[i]);
     }
+    if (i >= 3) {  // past (batch, Hkv, P, D): the buffers are sized from the manifest's Hkv and D
+      const std::vector<int64_t> shape = s.GetInputTypeInfo(i).GetTensorTypeAndShapeInfo().GetShape();
+      if (shape.size() != 4 || differs(shape[1], m.model.num_kv_heads) || differs(shape[3], m.model.head_dim))
+        bad("shape of " + io.inputs[i] + " vs model.num_kv_heads / model.head_dim");
+    }
   }
   if (s.GetOutputCount() != io.outputs.size()) bad("output count");
   for (size_t i = 0; i < io.outputs.size(); ++i)
@@ -119,6 +136,8 @@ void check_io(Ort::Session& s, const std::string& graph, const GraphIO& io, bool
   const size_t first = want_kv_out ? 1 : 0;
   if (s.GetOutputTypeInfo(first).GetTensorTypeAndShapeInfo().GetElementType() != ONNX_TENSOR_ELEMENT_DATA_TYPE_INT64)
     bad("top_ids is not int64");
+  const std::vector<int64_t> top = s.GetOutputTypeInfo(first).GetTensorTypeAndShapeInfo().GetShape();
+  if (top.size() != 3 || differs(top[2], m.topk)) bad("shape of top_ids vs topk");
   if (s.GetOutputTypeInfo(first + 1).GetTensorTypeAndShapeInfo().GetElementType() != ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT)
     fail(DLLM_ERROR_UNSUPPORTED, file + ": top_probs is not float32; only fp32-output graphs are supported in C++ yet");
 }
@@ -146,8 +165,8 @@ OrtBackend::OrtBackend(const Manifest& m, int intra_op_threads) : impl_(new Impl
     fail(DLLM_ERROR_ONNXRUNTIME, m.folder + ": cannot load the ONNX graphs (" + first_line(e.what()) + ")");
   }
   try {
-    check_io(s.prefill, "prefill", m.prefill, true, pfile);
-    check_io(s.verify, "verify", m.verify, false, vfile);
+    check_io(s.prefill, "prefill", m.prefill, true, pfile, m);
+    check_io(s.verify, "verify", m.verify, false, vfile, m);
   } catch (const Ort::Exception& e) {
     fail(DLLM_ERROR_ONNXRUNTIME, m.folder + ": cannot read the graphs' inputs (" + first_line(e.what()) + ")");
   }

@@ -43,7 +43,7 @@ void validate(const DecodeOptions& c) {
   if (c.tokens_per_step < 1) user_error("tokens per step must be >= 1, got " + std::to_string(c.tokens_per_step));
   if (c.tree != "chain" && c.tree != "binary" && c.tree != "wide" && c.tree != "fork")
     user_error("unknown tree preset " + quoted(c.tree) + " (expected one of chain, binary, wide, fork)");
-  if (c.steps < 0) user_error("steps must be >= 1, got " + std::to_string(c.steps));
+  if (c.steps && *c.steps < 1) user_error("steps must be >= 1, got " + std::to_string(*c.steps));
   if (c.block_length < 1 || c.gen_length < 1) user_error("block length and gen length must be >= 1");
 }
 
@@ -99,7 +99,7 @@ Policy::Policy(const DecodeOptions& cfg, int64_t mask_id) : cfg_(cfg), mask_(mas
   if (cfg.strategy == "vanilla" || (spd && cfg.base == "vanilla" && cfg.select == "lossless")) {
     rule_.vanilla = true;
     rule_.tokens_per_step = cfg.tokens_per_step;
-    rule_.steps = cfg.steps == 0 ? 0 : static_cast<int>(std::max<int64_t>(1, cfg.steps / blocks));
+    rule_.steps = cfg.steps ? static_cast<int>(std::max<int64_t>(1, *cfg.steps / blocks)) : 0;
   } else {
     rule_.vanilla = false;
     rule_.tau = cfg.threshold;

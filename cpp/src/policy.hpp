@@ -10,6 +10,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -28,7 +29,7 @@ struct DecodeOptions {      // = Python's DecodeConfig (runtime/strategies.py)
   int gen_length = 256;              // token budget per prompt (rounded up to whole blocks)
   int block_length = 32;             // L
   int tokens_per_step = 1;           // vanilla: k per step
-  int steps = 0;                     // vanilla: LLaDA steps over gen_length; 0 = unset (None)
+  std::optional<int> steps;          // vanilla: LLaDA steps over gen_length (>= 1); unset = None
   double threshold = 0.9;            // threshold rule tau (and the spd threshold base)
   int beam_width = 4;                // spd: W
   std::string tree = "fork";         // spd tree preset: chain | binary | wide | fork

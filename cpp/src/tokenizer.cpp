@@ -3,9 +3,10 @@
 namespace dllm::detail {
 
 std::vector<int64_t> ByteTokenizer::encode(const std::string& text) const {
+  const std::string valid = utf8_replace_invalid(text);  // Python's text is a str: always valid UTF-8
   std::vector<int64_t> out;
-  out.reserve(text.size());
-  for (unsigned char c : text) out.push_back(c);
+  out.reserve(valid.size());
+  for (unsigned char c : valid) out.push_back(c);
   return out;
 }
 

@@ -12,6 +12,7 @@ namespace dllm::detail {
 struct ByteTokenizer {
   static constexpr int64_t kMask = 256, kEos = 257, kPad = 258;
 
+  // The UTF-8 bytes of text; invalid bytes are read as U+FFFD first (utf8_replace_invalid).
   std::vector<int64_t> encode(const std::string& text) const;
   // Bytes before the first EOS, specials dropped, decoded as UTF-8 with U+FFFD for each maximal
   // invalid subsequence (Python's bytes.decode("utf-8", errors="replace")).

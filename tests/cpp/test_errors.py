@@ -51,7 +51,9 @@ def bad_artifacts(tiny_artifact, tmp_path_factory):
     (out["missing-file"] / "weights.bin").unlink()
     out["hf"] = clone("hf", edit=lambda m: m.update(tokenizer={"kind": "hf", "file": "tokenizer.json"}))
     out["bidi"] = clone("bidi", edit=lambda m: m["model"].update(attention="bidirectional"))
+    out["huge-seq"] = clone("huge-seq", edit=lambda m: m["model"].update(max_seq=2**31 - 1))
     out["good"] = good
+    out["manifest-file"] = good / "manifest.json"
     return out
 
 
@@ -78,6 +80,10 @@ CASES = {
     "cache none, bidirectional, W 4": ("bidi", ["--cache", "none", "--strategy", "spd"],
                                        "verifies one branch per forward", True),
     "bad number": ("good", ["--gen-length", "many"], "invalid int value", False),
+    "steps 0": ("good", ["--steps", "0"], "argument --steps: must be >= 1, got 0", False),
+    "negative steps": ("good", ["--steps", "-2"], "argument --steps: must be >= 1, got -2", False),
+    "max beam width 0": ("good", ["--max-beam-width", "0"], "argument --max-beam-width: must be >= 1", False),
+    "file as artifact": ("manifest-file", [], "manifest.json: not a folder (an artifact is the folder", False),
     "unknown flag": ("good", ["--temperature", "0"], "unrecognized argument", False),
 }
 
@@ -160,3 +166,131 @@ def test_c_abi_errors_through_ctypes(cpp_build, bad_artifacts):
     import onnxruntime
     assert lib.dllm_version() == b"0.1.0"
     assert lib.dllm_onnxruntime_version().decode() == onnxruntime.__version__
+
+
+def _one_line_error(r) -> str:
+    assert r.returncode == 2, (r.returncode, r.stderr)
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("dllm-generate: error: "), r.stderr
+    return lines[0]
+
+
+def test_prompts_file_nul_byte_is_refused_with_its_line(cpp_build, bad_artifacts, tmp_path):
+    """A prompt crosses the C ABI NUL-terminated: a NUL (raw or as a JSON escape) is refused, never cut."""
+    for i, line in enumerate([b"upper: a\x00b", b'"upper: a\\u0000b"']):
+        f = tmp_path / f"nul{i}.txt"
+        f.write_bytes(b"upper: air\n\n" + line + b"\n")
+        r = run_generate(cpp_build, "--artifact", str(bad_artifacts["good"]), "--prompts-file", str(f), "--json",
+                         "--gen-length", "8")
+        assert _one_line_error(r).endswith(f"{f}:3: the prompt holds a NUL byte")
+
+
+def test_prompts_file_bad_utf8_reads_as_replacement_characters(cpp_build, bad_artifacts, tmp_path):
+    """Invalid UTF-8 is accepted, each maximal invalid subsequence read as U+FFFD (3 bytes), as
+    Python's bytes.decode("utf-8", errors="replace"); the prompt length in the max_seq message shows it."""
+    art = str(bad_artifacts["good"])
+    ok = tmp_path / "ok.txt"
+    ok.write_bytes(b"upper: \xffair\xc3\r\n")
+    assert run_generate(cpp_build, "--artifact", art, "--prompts-file", str(ok), "--json", "--gen-length", "8").returncode == 0
+    raw = b"\xed\xa0\x80\xc3(\xf0\x9f\x98" * 40 + b"\xe2\x82\xac"
+    long = tmp_path / "long.txt"
+    long.write_bytes(raw + b"\n")
+    r = run_generate(cpp_build, "--artifact", art, "--prompts-file", str(long), "--gen-length", "64")
+    n = len(raw.decode("utf-8", errors="replace").encode("utf-8"))
+    assert f"prompt of {n} tokens + 64 generated exceeds" in _one_line_error(r)
+
+
+def test_out_of_memory_names_the_beam_width_and_the_flag(cpp_build, bad_artifacts):
+    """An allocation that fails during decoding (address space capped at 3 GiB; a manifest whose
+    max_seq lets a 16M-token budget through) exits 2 with the beam width and --max-beam-width."""
+    import resource
+
+    def cap_address_space():
+        resource.setrlimit(resource.RLIMIT_AS, (3 * 2**30, 3 * 2**30))
+
+    import subprocess
+    r = subprocess.run([str(cpp_build / "dllm-generate"), "--artifact", str(bad_artifacts["huge-seq"]), "--prompt",
+                        PROMPT, "--gen-length", "16000000"], capture_output=True, text=True, timeout=120,
+                       preexec_fn=cap_address_space, check=False)
+    line = _one_line_error(r)
+    assert "out of memory decoding at beam width 1 (prompt of 11 tokens + 16000000 generated)" in line
+    assert line.endswith("lower --max-beam-width (or --gen-length)")
+
+
+def test_c_abi_steps_rule(cpp_build, bad_artifacts):
+    """dllm_decode_config.steps: DLLM_STEPS_UNSET (the default) decodes; 0 or negative is an
+    error result naming steps (the rule of dllm-generate --steps and of Python's DecodeConfig)."""
+    lib = ctypes.CDLL(str(cpp_build / "libdllm_deploy.so"))
+
+    class Config(ctypes.Structure):  # dllm_decode_config (dllm.h)
+        _fields_ = [("struct_size", ctypes.c_uint32), ("strategy", ctypes.c_char_p), ("gen_length", ctypes.c_int32),
+                    ("block_length", ctypes.c_int32), ("tokens_per_step", ctypes.c_int32), ("steps", ctypes.c_int32),
+                    ("threshold", ctypes.c_double), ("beam_width", ctypes.c_int32), ("tree", ctypes.c_char_p),
+                    ("select", ctypes.c_char_p), ("base", ctypes.c_char_p), ("draft_tau", ctypes.c_double),
+                    ("schedule_init", ctypes.c_double), ("schedule_decay", ctypes.c_double),
+                    ("schedule_floor", ctypes.c_double), ("schedule_end_tokens", ctypes.c_int32),
+                    ("cache", ctypes.c_char_p)]
+
+    for f, res, args in [("dllm_runtime_create", ctypes.c_void_p, [ctypes.c_char_p, ctypes.c_void_p, ctypes.c_void_p]),
+                         ("dllm_runtime_generate", ctypes.c_void_p,
+                          [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_void_p, ctypes.c_void_p]),
+                         ("dllm_error_code", ctypes.c_int, [ctypes.c_void_p]),
+                         ("dllm_error_message", ctypes.c_char_p, [ctypes.c_void_p]),
+                         ("dllm_error_free", None, [ctypes.c_void_p]), ("dllm_result_destroy", None, [ctypes.c_void_p]),
+                         ("dllm_runtime_destroy", None, [ctypes.c_void_p])]:
+        getattr(lib, f).restype, getattr(lib, f).argtypes = res, args
+    rt, res = ctypes.c_void_p(), ctypes.c_void_p()
+    assert lib.dllm_runtime_create(str(bad_artifacts["good"]).encode(), None, ctypes.byref(rt)) is None
+    cfg = Config()
+    lib.dllm_decode_config_init(ctypes.byref(cfg))
+    assert cfg.struct_size == ctypes.sizeof(Config) and cfg.steps == -(2**31)      # DLLM_STEPS_UNSET
+    cfg.gen_length = 8
+    try:
+        assert lib.dllm_runtime_generate(rt, PROMPT.encode(), ctypes.byref(cfg), ctypes.byref(res)) is None
+        lib.dllm_result_destroy(res)
+        for steps in (0, -1):
+            cfg.steps = steps
+            err = lib.dllm_runtime_generate(rt, PROMPT.encode(), ctypes.byref(cfg), ctypes.byref(res))
+            assert lib.dllm_error_code(err) == 1                                   # DLLM_ERROR_INVALID_ARGUMENT
+            assert lib.dllm_error_message(err) == f"steps must be >= 1, got {steps}".encode()
+            lib.dllm_error_free(err)
+    finally:
+        lib.dllm_runtime_destroy(rt)
+
+
+def _as_nobody(cmd: list[str]) -> list[str]:
+    """cmd run as an unprivileged user (root ignores file modes); skip where that is impossible."""
+    import shutil
+    if os.geteuid() != 0:
+        return cmd
+    if not shutil.which("setpriv"):
+        pytest.skip("running as root without setpriv: cannot drop privileges to test file modes")
+    return ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", *cmd]
+
+
+def test_unreadable_artifact_says_permission_denied(cpp_build, bad_artifacts):
+    """An artifact folder without read/search permission, or an unreadable manifest.json:
+    "permission denied" naming the path, not "no manifest.json" or "no such folder"."""
+    import shutil
+    import subprocess
+    import tempfile
+    good = bad_artifacts["good"]
+    top = Path(tempfile.mkdtemp(prefix="dllm-perm-"))   # outside pytest's 0700 folders
+    try:
+        top.chmod(0o755)
+        closed, hidden = top / "closed", top / "hidden"
+        for d in (closed, hidden):
+            shutil.copytree(good, d)
+            d.chmod(0o755)
+        closed.chmod(0o000)
+        (hidden / "manifest.json").chmod(0o600)
+        for folder, named in [(closed, closed), (hidden, hidden / "manifest.json")]:
+            r = subprocess.run(_as_nobody([str(cpp_build / "dllm-generate"), "--artifact", str(folder),
+                                           "--prompt", PROMPT]), capture_output=True, text=True, timeout=60,
+                               check=False)
+            if "error while loading shared libraries" in r.stderr:
+                pytest.skip("the unprivileged user cannot load the build's libraries: " + r.stderr.strip())
+            assert _one_line_error(r) == f"dllm-generate: error: {named}: permission denied"
+    finally:
+        (top / "closed").chmod(0o755)
+        shutil.rmtree(top)

@@ -30,7 +30,13 @@
 extern "C" {
 #endif
 
-#define DLLM_ABI_VERSION 1
+/* 2: dllm_decode_config.steps takes DLLM_STEPS_UNSET for "unset" (0 is now refused, as in Python);
+ *    DLLM_ERROR_OUT_OF_MEMORY. */
+#define DLLM_ABI_VERSION 2
+
+/* dllm_decode_config.steps when no LLaDA step count is given (vanilla commits tokens_per_step per
+ * step). Any other value below 1 is refused with an error that names `steps`. */
+#define DLLM_STEPS_UNSET INT32_MIN
 
 typedef enum dllm_code {
   DLLM_OK = 0,
@@ -38,7 +44,8 @@ typedef enum dllm_code {
   DLLM_ERROR_ARTIFACT = 2,         /* missing folder/file, corrupt manifest, sha256 mismatch */
   DLLM_ERROR_UNSUPPORTED = 3,      /* valid, but not in the C++ runtime yet (hf tokenizer, ...) */
   DLLM_ERROR_ONNXRUNTIME = 4,      /* ONNX Runtime refused: API version, graph load, run */
-  DLLM_ERROR_INTERNAL = 5          /* a bug or out of memory */
+  DLLM_ERROR_INTERNAL = 5,         /* a bug */
+  DLLM_ERROR_OUT_OF_MEMORY = 6     /* the decode did not fit in memory: lower max_beam_width or gen_length */
 } dllm_code;
 
 typedef struct dllm_error dllm_error;
@@ -59,7 +66,8 @@ typedef struct dllm_runtime_options {
   uint32_t struct_size;      /* sizeof(dllm_runtime_options), set by dllm_runtime_options_init */
   const char* precision;     /* artifact precision variant: "fp32" (NULL = "fp32"), "int8" */
   int32_t intra_op_threads;  /* ONNX Runtime intra-op threads; 0 = ONNX Runtime's default */
-  int32_t max_beam_width;    /* user cap on W (0 = none); the manifest's max_beam_width applies too */
+  int32_t max_beam_width;    /* user cap on W (0 = none); the manifest's max_beam_width and the
+                                free-memory estimate (docs/cpp.md) apply too */
   int32_t verify_hashes;     /* 1 (default): check the sha256 of every file the precision needs */
   int32_t warnings_to_stderr;/* 1 (default): also print warnings (W lowered, ...) on stderr */
 } dllm_runtime_options;
@@ -72,7 +80,8 @@ DLLM_API dllm_error* dllm_runtime_create(const char* artifact_dir, const dllm_ru
                                          dllm_runtime** out);
 DLLM_API void dllm_runtime_destroy(dllm_runtime* rt); /* NULL is a no-op */
 
-/* Facts from the manifest: the model's longest prompt + generation, and the W cap in force. */
+/* Facts from the manifest: the model's longest prompt + generation, and the W cap in force
+ * (the manifest's, the user's and the free-memory estimate's, whichever is lowest). */
 DLLM_API int32_t dllm_runtime_max_seq(const dllm_runtime* rt);
 DLLM_API int32_t dllm_runtime_max_beam_width(const dllm_runtime* rt);
 
@@ -84,7 +93,8 @@ typedef struct dllm_decode_config {
   int32_t gen_length;      /* token budget per prompt, rounded up to whole blocks (256) */
   int32_t block_length;    /* L: positions denoised together (32) */
   int32_t tokens_per_step; /* vanilla: k tokens committed per step (1) */
-  int32_t steps;           /* vanilla: LLaDA steps over gen_length; 0 = unset (use k) */
+  int32_t steps;           /* vanilla: LLaDA steps over gen_length, >= 1; DLLM_STEPS_UNSET (the
+                              default) = unset: tokens_per_step per step */
   double threshold;        /* threshold rule tau, and the spd threshold base (0.9) */
   int32_t beam_width;      /* spd: W drafted block states verified per forward (4) */
   const char* tree;        /* spd tree preset: "fork" (default) | "chain" | "binary" | "wide" */
@@ -101,7 +111,8 @@ typedef struct dllm_decode_config {
 
 DLLM_API void dllm_decode_config_init(dllm_decode_config* cfg);
 
-/* Decodes one prompt (batch 1). On success *out owns a new result. */
+/* Decodes one prompt (batch 1): NUL-terminated UTF-8; invalid UTF-8 bytes are read as U+FFFD (one
+ * per maximal invalid subsequence, as Python's errors="replace"). On success *out owns a new result. */
 DLLM_API dllm_error* dllm_runtime_generate(dllm_runtime* rt, const char* prompt, const dllm_decode_config* cfg,
                                            dllm_result** out);
 

@@ -55,7 +55,8 @@ struct RuntimeOptions {
 // Decoding options, one to one with dllm_decode_config (and Python's DecodeConfig).
 struct DecodeConfig {
   std::string strategy, tree, select, base, cache;
-  int gen_length, block_length, tokens_per_step, steps, beam_width, schedule_end_tokens;
+  int gen_length, block_length, tokens_per_step, beam_width, schedule_end_tokens;
+  int steps;  // DLLM_STEPS_UNSET (the default) or >= 1
   double threshold, draft_tau, schedule_init, schedule_decay, schedule_floor;
 
   DecodeConfig() {

@@ -1,0 +1,107 @@
+#include "memory.hpp"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <cmath>
+#include <fstream>
+#include <limits>
+#include <sstream>
+
+namespace dllm::detail {
+
+namespace {
+
+constexpr int64_t kMax = std::numeric_limits<int64_t>::max();
+
+// Saturating arithmetic on non-negative byte counts (Python's ints do not overflow).
+int64_t mul(int64_t a, int64_t b) {
+  int64_t r;
+  return __builtin_mul_overflow(a, b, &r) ? kMax : r;
+}
+int64_t add(int64_t a, int64_t b) {
+  int64_t r;
+  return __builtin_add_overflow(a, b, &r) ? kMax : r;
+}
+int64_t mul(std::initializer_list<int64_t> xs) {
+  int64_t r = 1;
+  for (int64_t x : xs) r = mul(r, x);
+  return r;
+}
+
+// memory.py BYTES / _act_bytes: weight bytes b and activation bytes a (int8 quantizes weights only).
+int64_t weight_bytes(const std::string& precision) {
+  if (precision == "int8") return 1;
+  return precision == "fp16" || precision == "bf16" ? 2 : 4;
+}
+int64_t act_bytes(const std::string& precision) { return precision == "fp16" || precision == "bf16" ? 2 : 4; }
+
+int64_t param_count(const ModelConfig& m) {
+  const int64_t c = m.hidden_size, f = m.intermediate_size, v = m.vocab_size, h = m.num_heads,
+                hkv = m.num_kv_heads, d = m.head_dim;
+  const int64_t per_layer =
+      add(add(add(mul({c, h, d}), mul({2, c, hkv, d})), add(mul({h, d, c}), mul({3, c, f}))), mul(2, c));
+  return add(add(mul(m.num_layers, per_layer), mul({v, c, m.tie_word_embeddings ? 1 : 2})), c);
+}
+
+// tok(S): live activation bytes per new token attending `keys` keys (memory.py::_per_token).
+int64_t per_token(const ModelConfig& m, int64_t keys, int64_t a) {
+  const int64_t c = m.hidden_size, f = m.intermediate_size, v = m.vocab_size;
+  return add(add(mul({keys, m.num_heads, a, 2}), mul(add(mul(4, c), mul(3, f)), a)), mul(v, a + 4));
+}
+
+// Python's `total <= budget` for an int total and a float budget, exactly.
+bool fits(int64_t total, double budget) {
+  if (!(budget >= 0)) return false;  // totals are >= 0; a NaN budget fits nothing
+  if (budget >= 9.2e18) return true;
+  return total <= static_cast<int64_t>(std::floor(budget));
+}
+
+}  // namespace
+
+MemoryBudget cpu_memory_budget() {
+#if defined(__x86_64__) || defined(_M_X64)
+  return {0.5, 1024};  // profiles/cpu-x86_64.yaml
+#elif defined(__aarch64__)
+  return {0.5, 512};  // profiles/cpu-arm64.yaml
+#else
+  return {0.4, 512};  // profiles/generic-cpu.yaml
+#endif
+}
+
+int64_t estimate_bytes(const ModelConfig& m, const std::string& precision, int beam_width, int64_t block_length,
+                       int64_t max_seq) {
+  const int64_t b = weight_bytes(precision), a = act_bytes(precision);
+  const int64_t p = std::max<int64_t>(max_seq - block_length, 0), t = max_seq, n = mul(beam_width, block_length);
+  const int64_t kv_tok = mul({2, m.num_layers, m.num_kv_heads, m.head_dim, a});
+  const int64_t weights = mul({2, param_count(m), b});  // RESIDENCY["ort"]: weights 2, prefill 1, verify 2
+  const int64_t kv = mul(p, kv_tok);
+  const int64_t prefill = mul(t, add(add(per_token(m, t, a), mul(m.vocab_size, 4)), kv_tok));
+  const int64_t verify = mul({2, n, per_token(m, add(p, n), a)});
+  return add(add(weights, kv), add(prefill, verify));
+}
+
+int beam_width_cap(const ModelConfig& m, int64_t free_bytes, const MemoryBudget& budget, const std::string& precision,
+                   int limit) {
+  const double avail = budget.fraction * static_cast<double>(free_bytes) - static_cast<double>(budget.reserve_mb * 1048576);
+  int best = 1;
+  for (int w = 1; w <= limit; ++w) {
+    if (!fits(estimate_bytes(m, precision, w, m.block_size, m.max_seq), avail)) break;
+    best = w;
+  }
+  return best;
+}
+
+int64_t free_memory_bytes() {
+  std::ifstream in("/proc/meminfo");
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind("MemAvailable:", 0) != 0) continue;
+    std::istringstream fields(line.substr(13));
+    int64_t kib = 0;
+    if (fields >> kib) return mul(kib, 1024);
+  }
+  return mul(sysconf(_SC_PAGESIZE), sysconf(_SC_AVPHYS_PAGES));
+}
+
+}  // namespace dllm::detail
