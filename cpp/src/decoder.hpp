@@ -80,6 +80,7 @@ class Engine {
   Manifest manifest_;
   EngineOptions options_;
   int cap_;  // min(manifest max_beam_width, user cap)
+  std::string load_warning_;  // a schema-1 artifact's warning, until the first result carries it
   ByteTokenizer tokenizer_;
   std::unique_ptr<OrtBackend> backend_;
   // loop state, sized once per generate (grow-only)
