@@ -90,3 +90,62 @@ def tiny_artifact(tmp_path_factory):
     out = tmp_path_factory.mktemp("artifact") / "tiny"
     report = export("tiny", out, precisions=["fp32", "int8"], max_beam_width=8, log=lambda m: None)
     return out, report
+
+
+def write_argmax_checkpoint(folder: Path, layout: str, token: str) -> Path:
+    """A random checkpoint (write_checkpoint) whose top-1 id is a special token (``token``:
+    "mask" or "pad") at every position, whatever the context: every embedding carries a large
+    constant in dimension 0 (kept positive by the final norm), and only that token's LM-head row
+    reads that dimension."""
+    from safetensors.torch import load_file, save_file
+
+    from dllm_deploy.models.config import DLLMConfig
+
+    write_checkpoint(folder, layout)
+    cfg = DLLMConfig.from_hf(LAYOUT_CONFIGS[layout])
+    embed, norm, head = (("model.transformer.wte.weight", "model.transformer.ln_f.weight",
+                          "model.transformer.ff_out.weight") if layout == "llada"
+                         else ("model.embed_tokens.weight", "model.norm.weight", "lm_head.weight"))
+    path = folder / "model.safetensors"
+    tensors = load_file(str(path))
+    tensors[embed][:, 0] = 20.0
+    tensors[norm][0] = 1.0
+    tensors[head][:, 0] = 0.0
+    tensors[head][getattr(cfg, f"{token}_token_id"), 0] = 5.0
+    save_file(tensors, str(path))
+    return folder
+
+
+# checkpoints whose raw top-1 is an id no decode step may emit: name -> (layout, token)
+ARGMAX_CASES = {"llada-mask": ("llada", "mask"), "dream-pad": ("dream", "pad"), "block_causal-mask": ("block_causal", "mask")}
+
+
+def legacy_artifact(model: Path, out: Path) -> Path:
+    """A schema-1 artifact as the exporter before schema 2 wrote it: graphs that exclude no id
+    (so they choose [MASK] where the model does), manifest schema_version 1 without
+    special_ids.excluded (the manifest is not among its own hashed files)."""
+    from dllm_deploy.export import graphs
+    from dllm_deploy.export.exporter import export
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(graphs, "excluded_ids", lambda cfg: ())
+        export(model, out, max_beam_width=4, log=lambda m: None)
+    path = out / "manifest.json"
+    m = json.loads(path.read_text())
+    m["schema_version"] = 1
+    del m["special_ids"]["excluded"]
+    path.write_text(json.dumps(m, indent=2, sort_keys=True) + "\n")
+    return out
+
+
+@pytest.fixture(scope="session")
+def argmax_models(tmp_path_factory):
+    """name -> (checkpoint, its artifact) for ARGMAX_CASES, plus "legacy": the LLaDA one's
+    schema-1 artifact (legacy_artifact)."""
+    from dllm_deploy.export.exporter import export
+    root = tmp_path_factory.mktemp("argmax")
+    out = {}
+    for name, (layout, token) in ARGMAX_CASES.items():
+        ckpt = write_argmax_checkpoint(root / f"{name}-ckpt", layout, token)
+        out[name] = ckpt, export(ckpt, root / name, max_beam_width=4, log=lambda m: None)["artifact"]
+    out["legacy"] = out["llada-mask"][0], str(legacy_artifact(out["llada-mask"][0], root / "legacy"))
+    return out

@@ -79,6 +79,11 @@ Engine::Engine(const std::string& artifact_dir, const EngineOptions& options)
                                  "only the byte tokenizer is");
   if (manifest_.tokenizer_kind != "byte")
     artifact_error(manifest_.folder + ": unknown tokenizer kind " + quoted(manifest_.tokenizer_kind) + " in the manifest");
+  if (manifest_.schema_version < 2) {  // ort_backend.cpp demotes the excluded ids on the host
+    load_warning_ = manifest_.folder + ": a schema-1 artifact: its graphs may emit the mask token; the runtime "
+                    "skips it on the host (re-export the artifact to fix this)";
+    if (options.warnings_to_stderr) std::fprintf(stderr, "dllm: warning: %s\n", load_warning_.c_str());
+  }
   backend_ = std::make_unique<OrtBackend>(manifest_, options.intra_op_threads);
   set_beam_width_cap();
 }
@@ -106,14 +111,16 @@ RowResult Engine::generate(const std::string& prompt, const DecodeOptions& cfg_i
   validate(cfg_in);
   const ModelConfig& mc = manifest_.model;
   RowResult out;
+  out.warnings.swap(load_warning_);  // the load's warning rides on the first result only
   DecodeOptions cfg = cfg_in;
   const int requested = cfg.strategy == "spd" ? cfg.beam_width : 1;
   int width = requested;
   if (width > cap_) {
     width = cap_;
-    out.warnings = "beam width " + std::to_string(requested) + " lowered to " + std::to_string(width) + " (" +
-                   cap_reason_ + ")";
-    if (options_.warnings_to_stderr) std::fprintf(stderr, "dllm: warning: %s\n", out.warnings.c_str());
+    const std::string lowered = "beam width " + std::to_string(requested) + " lowered to " + std::to_string(width) +
+                                " (" + cap_reason_ + ")";
+    out.warnings += (out.warnings.empty() ? "" : "; ") + lowered;
+    if (options_.warnings_to_stderr) std::fprintf(stderr, "dllm: warning: %s\n", lowered.c_str());
   }
   cfg.beam_width = width;
   const CacheMode mode = resolve_cache(cfg.cache, mc.attention, width);  // width = the Policy's

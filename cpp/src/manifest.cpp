@@ -109,9 +109,9 @@ Manifest read_manifest(const std::string& folder_in, const std::string& precisio
   Reader r(path);
   if (!m.is_object() || !m.find("schema_version")) r.corrupt("no schema_version");
   const Json& sv = *m.find("schema_version");
-  if (sv.type != Json::Type::Number || sv.number != kSchemaVersion)
-    artifact_error(path + ": unknown schema_version " + describe(sv) + " (this runtime reads " +
-                   std::to_string(kSchemaVersion) + ")");
+  if (sv.type != Json::Type::Number || sv.number < kOldestSchemaVersion || sv.number > kSchemaVersion ||
+      sv.number != static_cast<int>(sv.number))
+    artifact_error(path + ": unknown schema_version " + describe(sv) + " (this runtime reads 1, 2)");
   for (const char* key : {"model", "precisions", "files", "graphs", "tokenizer"})
     if (!m.find(key)) r.corrupt(std::string("no '") + key + "'");
 
@@ -147,6 +147,7 @@ Manifest read_manifest(const std::string& folder_in, const std::string& precisio
   }
 
   Manifest out;
+  out.schema_version = static_cast<int>(sv.number);
   out.folder = folder;
   out.precision = precision;
   const Json& model = r.object(m, "model", "model");

@@ -7,7 +7,10 @@
 
 namespace dllm::detail {
 
-constexpr int kSchemaVersion = 1;
+// 2: the graphs exclude the mask token and a pad token distinct from EOS (DESIGN §8);
+// 1 is still read: its graphs may emit them, and the backend demotes them on the host.
+constexpr int kSchemaVersion = 2;
+constexpr int kOldestSchemaVersion = 1;
 
 struct ModelConfig {
   int vocab_size = 0;         // V
@@ -33,6 +36,7 @@ struct GraphIO {
 };
 
 struct Manifest {
+  int schema_version = kSchemaVersion;
   std::string folder;
   std::string precision;
   ModelConfig model;

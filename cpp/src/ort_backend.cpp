@@ -48,6 +48,7 @@ void ensure_onnxruntime_api() {
 
 struct OrtBackend::Impl {
   int layers = 0, hkv = 0, d = 0, k = 0;
+  std::vector<int64_t> host_excluded;  // ids a schema-1 graph may choose (empty: the graphs exclude them)
   Ort::Env env{nullptr};
   Ort::Session prefill{nullptr}, verify{nullptr};
   Ort::MemoryInfo mem{nullptr};
@@ -102,6 +103,28 @@ struct OrtBackend::Impl {
     }
     seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   }
+
+  // loop.py::demote_excluded for the t positions a run returned (the one place results come
+  // back): per position the excluded entries move last at probability 0, the others keep their
+  // order and probabilities.
+  void demote_excluded(size_t t) {
+    if (host_excluded.empty()) return;
+    auto excluded = [&](int64_t id) {
+      return std::find(host_excluded.begin(), host_excluded.end(), id) != host_excluded.end();
+    };
+    for (size_t i = 0; i < t; ++i) {
+      int64_t* ti = top_i.data() + i * k;
+      float* tp = top_p.data() + i * k;
+      size_t n = 0;
+      for (int pass = 0; pass < 2; ++pass)  // kept entries first, then the excluded ones (stable)
+        for (int j = 0; j < k; ++j)
+          if (excluded(ti[j]) == (pass == 1)) scratch_i[n] = ti[j], scratch_p[n++] = excluded(ti[j]) ? 0.0f : tp[j];
+      std::copy(scratch_i.begin(), scratch_i.end(), ti);
+      std::copy(scratch_p.begin(), scratch_p.end(), tp);
+    }
+  }
+  std::vector<int64_t> scratch_i;  // (K,)
+  std::vector<float> scratch_p;    // (K,)
 };
 
 namespace {
@@ -148,6 +171,13 @@ OrtBackend::OrtBackend(const Manifest& m, int intra_op_threads) : impl_(new Impl
   ensure_onnxruntime_api();
   Impl& s = *impl_;
   s.layers = m.model.num_layers, s.hkv = m.model.num_kv_heads, s.d = m.model.head_dim, s.k = m.topk;
+  if (m.schema_version < 2) {  // models/exclusion.py::excluded_ids
+    const ModelConfig& c = m.model;
+    s.host_excluded.push_back(c.mask_token_id);
+    if (c.pad_token_id != c.eos_token_id && c.pad_token_id != c.mask_token_id) s.host_excluded.push_back(c.pad_token_id);
+  }
+  s.scratch_i.resize(s.k);
+  s.scratch_p.resize(s.k);
   namespace fs = std::filesystem;
   const std::string pfile = (fs::path(m.folder) / m.prefill_file).string();
   const std::string vfile = (fs::path(m.folder) / m.verify_file).string();
@@ -225,6 +255,7 @@ void OrtBackend::prefill(size_t t, size_t keep) {
     s.out_values.push_back(Ort::Value::CreateTensor(s.mem, buf.data(), row * total * sizeof(float), present_shape, 4,
                                                     ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT));
   s.run(s.prefill, s.prefill_in, s.prefill_out, run_seconds);
+  s.demote_excluded(t);
   // cache <- present[:, :, :end] per layer, (Hkv, end, D) contiguous
   const size_t d = static_cast<size_t>(s.d);
   for (size_t b = 0; b < s.past.size(); ++b)
@@ -239,6 +270,7 @@ void OrtBackend::verify(size_t t) {
   s.add_inputs(t);
   s.add_top_outputs(t);
   s.run(s.verify, s.verify_in, s.verify_out, run_seconds);
+  s.demote_excluded(t);
 }
 
 }  // namespace dllm::detail

@@ -179,6 +179,7 @@ void Policy::plan(const int64_t* state, const int64_t* top_ids, const float* top
   } else {
     apply(rule_, state, ids1_.data(), p1_.data(), step, nodes);
   }
+  check_progress(state, nodes);
   // deeper nodes: the draft rule on the stale predictions f(S) (Drafter._step)
   for (int i = 1; i < spec_.width(); ++i) {
     const int64_t* parent = nodes + static_cast<size_t>(spec_.parents[i]) * L_;
@@ -206,6 +207,17 @@ void Policy::plan(const int64_t* state, const int64_t* top_ids, const float* top
     }
     if (spec_.kinds[i] == kRunnerUp && k > 1) child[ranked_[0]] = top_ids[ranked_[0] * k + 1];
   }
+}
+
+// strategies.py::Policy._check_progress: node 0 (the base rule's step, which every selection
+// reaches at least) commits a real token while the block has a masked position, so a block of
+// L positions fills in at most L steps; a stuck step is a bug, reported rather than looped on.
+void Policy::check_progress(const int64_t* state, const int64_t* step0) const {
+  int64_t left = 0, after = 0;
+  for (int i = 0; i < L_; ++i) left += state[i] == mask_, after += step0[i] == mask_;
+  if (left && after >= left)
+    fail(DLLM_ERROR_INTERNAL, "internal error: a decode step committed no token (" + std::to_string(left) +
+                                  " masked positions left; the predictions there are the mask token)");
 }
 
 int Policy::select(const int64_t* nodes, const int64_t* f_ids, const float* f_probs, int k, int64_t step,

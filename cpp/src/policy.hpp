@@ -83,6 +83,7 @@ class Policy {
   int rank_masked(const int64_t* state, const float* probs);  // into ranked_, most confident first
   double tau_now(int64_t step, const int64_t* state) const;
   bool has_mask(const int64_t* state) const;
+  void check_progress(const int64_t* state, const int64_t* step0) const;  // throws when step0 commits nothing
 
   DecodeOptions cfg_;
   int64_t mask_;

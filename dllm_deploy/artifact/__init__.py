@@ -11,7 +11,10 @@ from pathlib import Path
 
 from ..errors import UserError
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+# 1: the graphs may emit the mask token (the runtime excludes it on the host, with a warning);
+# 2: the graphs exclude the mask token and a pad token distinct from EOS (special_ids.excluded)
+READABLE = (1, 2)
 MANIFEST = "manifest.json"
 
 
@@ -46,8 +49,9 @@ def read_manifest(folder: str | Path, verify: bool = True, precision: str | None
         raise UserError(f"{path}: corrupt manifest ({e.msg}, line {e.lineno})") from None
     if not isinstance(m, dict) or "schema_version" not in m:
         raise UserError(f"{path}: corrupt manifest (no schema_version)")
-    if m["schema_version"] != SCHEMA_VERSION:
-        raise UserError(f"{path}: unknown schema_version {m['schema_version']!r} (this runtime reads {SCHEMA_VERSION})")
+    if m["schema_version"] not in READABLE or isinstance(m["schema_version"], bool):
+        raise UserError(f"{path}: unknown schema_version {m['schema_version']!r} "
+                        f"(this runtime reads {', '.join(map(str, READABLE))})")
     for key in ("model", "precisions", "files", "graphs", "tokenizer"):
         if key not in m:
             raise UserError(f"{path}: corrupt manifest (no {key!r})")
@@ -65,3 +69,8 @@ def read_manifest(folder: str | Path, verify: bool = True, precision: str | None
             if sha256(f) != digest:
                 raise UserError(f"{f}: sha256 mismatch (the file changed after export)")
     return m
+
+
+def graphs_exclude(manifest: dict) -> bool:
+    """Whether the artifact's graphs exclude the mask (and a distinct pad) token themselves."""
+    return manifest["schema_version"] >= 2

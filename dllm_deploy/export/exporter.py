@@ -30,6 +30,7 @@ from .. import __version__
 from ..artifact import MANIFEST, write_manifest
 from ..artifact.fsio import clean_stale, lock_target, remove_temp_dir, replace_dir, temp_dir
 from ..errors import UserError
+from ..models.exclusion import excluded_ids
 from .graphs import PrefillGraph, VerifyGraph, dynamic_axes, io_names
 
 PRECISIONS = ("fp32", "fp16", "int8")
@@ -87,6 +88,14 @@ def _dummy(cfg, b: int, t: int, p: int, dtype, seed: int = 0):
     return ids, pos, mask, past
 
 
+def _max_diff(a: np.ndarray, b: np.ndarray) -> float:
+    """Max abs difference; equal entries count 0, so the excluded ids' -inf logits compare equal."""
+    a, b = a.astype(np.float32), b.astype(np.float32)
+    with np.errstate(invalid="ignore"):            # -inf - -inf
+        diff = np.abs(a - b)
+    return float(np.where(a == b, 0.0, diff).max())
+
+
 def parity(folder: Path, files: dict, module, cfg, shapes, dtype, providers=("CPUExecutionProvider",)) -> dict:
     """Run both graphs in ONNX Runtime and in torch on the same inputs; report max abs diffs."""
     import onnxruntime as ort
@@ -107,7 +116,7 @@ def parity(folder: Path, files: dict, module, cfg, shapes, dtype, providers=("CP
             vt = VerifyGraph(module, TOPK)(ids, pos, mask, *past)
         po = sess["prefill"].run(None, feeds)
         vo = sess["verify"].run(None, feeds)
-        worst["prefill_logits"] = max(worst["prefill_logits"], float(np.abs(po[0].astype(np.float32) - pt[0].float().numpy()).max()))
+        worst["prefill_logits"] = max(worst["prefill_logits"], _max_diff(po[0], pt[0].float().numpy()))
         kv = max(float(np.abs(o.astype(np.float32) - x.float().numpy()).max()) for o, x in zip(po[3:], pt[3:]))
         worst["prefill_kv"] = max(worst["prefill_kv"], kv)
         worst["verify_probs"] = max(worst["verify_probs"], float(np.abs(vo[1] - vt[1].numpy()).max()))
@@ -205,7 +214,8 @@ def _write_artifact(tmp: Path, module, cfg, tok, src: Path, L: int, precisions: 
         "exporter_version": __version__, "torch_version": torch.__version__, "onnx_opset": opset,
         "model": cfg.to_dict(), "source": str(src),
         "tokenizer": tok.to_manifest(),
-        "special_ids": {"mask": cfg.mask_token_id, "eos": cfg.eos_token_id, "pad": cfg.pad_token_id},
+        "special_ids": {"mask": cfg.mask_token_id, "eos": cfg.eos_token_id, "pad": cfg.pad_token_id,
+                            "excluded": list(excluded_ids(cfg))},
         "block_length": L, "max_beam_width": max_beam_width, "topk": TOPK,
         "cache_mode": "exact" if cfg.attention == "block_causal" else "prefix",
         "graphs": {g: {**names[g], "dims": {"input_ids": ["batch", "tokens"], "position_ids": ["batch", "tokens"],

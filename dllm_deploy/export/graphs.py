@@ -5,11 +5,16 @@ PrefillGraph: input_ids (B,T), position_ids (B,T), attention_mask (B,1,T,P+T) bo
            -> logits (B,T,V), top_ids (B,T,K), top_probs (B,T,K), present.{i}.key/.value (B,Hkv,P+T,D)
 VerifyGraph:  the same inputs -> top_ids (B,T,K) int64, top_probs (B,T,K) float32
               (softmax + TopK inside the graph; no logits, no KV leave it)
+
+Both graphs exclude the mask token and a pad token distinct from EOS (models/exclusion.py): their
+logits are -inf (in prefill's ``logits`` output too), so no backend can choose them (schema 2).
 """
 from __future__ import annotations
 
 import torch
 from torch import nn
+
+from ..models.exclusion import choices, exclude, excluded_ids, exclusion_mask, top_k
 
 
 def io_names(num_layers: int) -> dict:
@@ -20,37 +25,34 @@ def io_names(num_layers: int) -> dict:
             "verify": {"inputs": inputs, "outputs": ["top_ids", "top_probs"]}}
 
 
-def _top(logits: torch.Tensor, k: int):
-    probs = torch.softmax(logits.float(), dim=-1)
-    top_p, top_i = torch.topk(probs, k, dim=-1)
-    return top_i, top_p
-
-
 def _pairs(past_flat) -> list:
     """(k0, v0, k1, v1, ...) -> [(k0, v0), (k1, v1), ...]"""
     return [(past_flat[2 * i], past_flat[2 * i + 1]) for i in range(len(past_flat) // 2)]
 
 
-class PrefillGraph(nn.Module):
+class _Graph(nn.Module):
+    """The model plus the constant (V,) mask of the ids its outputs exclude."""
+
     def __init__(self, model, topk: int):
         super().__init__()
         self.model, self.topk = model, topk
+        cfg = model.config
+        self.register_buffer("excluded", exclusion_mask(cfg.vocab_size, excluded_ids(cfg)), persistent=False)
 
+
+class PrefillGraph(_Graph):
     def forward(self, input_ids, position_ids, attention_mask, *past_flat):
         logits, present = self.model(input_ids, position_ids, attention_mask, _pairs(past_flat))
-        top_i, top_p = _top(logits, self.topk)
+        logits = exclude(logits, self.excluded)
+        top_i, top_p = top_k(logits, self.topk)
         flat = [t for kv in present for t in kv]
         return (logits, top_i, top_p, *flat)
 
 
-class VerifyGraph(nn.Module):
-    def __init__(self, model, topk: int):
-        super().__init__()
-        self.model, self.topk = model, topk
-
+class VerifyGraph(_Graph):
     def forward(self, input_ids, position_ids, attention_mask, *past_flat):
         logits, _ = self.model(input_ids, position_ids, attention_mask, _pairs(past_flat))
-        return _top(logits, self.topk)
+        return choices(logits, self.excluded, self.topk)
 
 
 def dynamic_axes(num_layers: int) -> dict:

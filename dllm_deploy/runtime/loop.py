@@ -65,6 +65,20 @@ def resolve_cache(mode: str, attention: str, width: int) -> str:
     return mode
 
 
+def demote_excluded(top_i: np.ndarray, top_p: np.ndarray, ids) -> tuple[np.ndarray, np.ndarray]:
+    """(B,T,K) top-k of a schema-1 graph, which may choose an excluded id (the mask token, a pad
+    distinct from EOS): excluded entries move last at probability 0, the others keep their order
+    and probabilities (not renormalised: 1 - p([MASK]) cancels to nothing when the mask is near
+    certain). A [MASK] top-1 gives way to the runner-up (K >= 2); a position whose K entries are
+    all excluded keeps them, at probability 0, so the rules take it last."""
+    bad = np.isin(top_i, ids)
+    if not bad.any():
+        return top_i, top_p
+    order = np.argsort(bad, axis=-1, kind="stable")
+    top_i, top_p, bad = (np.take_along_axis(x, order, axis=-1) for x in (top_i, top_p, bad))
+    return top_i, np.where(bad, np.float32(0), top_p)
+
+
 class _Batch:
     """Prefix bookkeeping + the engine cache for the rows still decoding."""
 
@@ -89,6 +103,13 @@ class _Batch:
         self.suffix_len = 0                                           # dual: suffix KV after the prefix
         self.verify_mask = None     # verify_canvas's mask: the same from one refresh to the next
 
+    def _engine(self, graph: str, cache, ids, pos, mask, keep: int = 0):
+        """The one place engine results come back: ``prefill`` (keeps the KV of ``keep`` new
+        tokens) or ``verify``; a schema-1 artifact's excluded ids are demoted here."""
+        be = self.backend
+        out = be.prefill(cache, ids, pos, mask, keep) if graph == "prefill" else be.verify(cache, ids, pos, mask)
+        return demote_excluded(*out, be.host_excluded) if be.host_excluded else out
+
     def keep(self, live: np.ndarray) -> None:
         idx = np.flatnonzero(live)
         if idx.size == len(self.rows):
@@ -107,8 +128,7 @@ class _Batch:
             p = self.cache.length
             pre = self.valid[:, None, None, :p] if p else np.zeros((b, 1, 1, 0), dtype=bool)
             mask = np.concatenate([np.broadcast_to(pre, (b, 1, t, p)), new_mask[:, None]], axis=-1)
-            out = (self.backend.prefill(self.cache, new_ids, new_pos, mask, keep) if keep
-                   else self.backend.verify(self.cache, new_ids, new_pos, mask))
+            out = self._engine("prefill" if keep else "verify", self.cache, new_ids, new_pos, mask, keep)
         else:
             p = self.ids.shape[1] if self.prefix_len else 0
             ids = np.concatenate([self.ids[:, :p], new_ids], axis=1)
@@ -124,7 +144,7 @@ class _Batch:
             mask[:, p:, :p] = v[:, None, :]
             mask[:, p:, p:] = new_mask
             cache = self.backend.new_cache(b, p + t)
-            top_i, top_p = self.backend.verify(cache, ids, pos, mask[:, None])
+            top_i, top_p = self._engine("verify", cache, ids, pos, mask[:, None])
             out = (top_i[:, p:], top_p[:, p:])
         if keep:
             if self.prefix_len:                       # a committed block (the prompt is already in)
@@ -164,11 +184,11 @@ class _Batch:
         mask = self._full_mask(valid)
         at = p + s if self.mode == "dual" else p
         if self.mode == "none":
-            top_i, top_p = self.backend.verify(self.backend.new_cache(b, ids.shape[1]), ids, pos, mask)
+            top_i, top_p = self._engine("verify", self.backend.new_cache(b, ids.shape[1]), ids, pos, mask)
         else:
             self.cache = self.backend.new_cache(b, ids.shape[1])
             self.verify_mask = None
-            top_i, top_p = self.backend.prefill(self.cache, ids, pos, mask, p - a + (s if self.mode == "dual" else 0))
+            top_i, top_p = self._engine("prefill", self.cache, ids, pos, mask, p - a + (s if self.mode == "dual" else 0))
             self.suffix_len = s if self.mode == "dual" else 0
         return top_i[:, at:at + L], top_p[:, at:at + L]
 
@@ -190,7 +210,7 @@ class _Batch:
             new = np.kron(np.eye(w, dtype=bool), np.ones((g, g), dtype=bool))
             self.verify_mask = np.concatenate([np.broadcast_to(pre, (b, 1, w * g, p)),
                                                np.broadcast_to(new, (b, 1, w * g, w * g))], axis=-1)
-        top_i, top_p = self.backend.verify(self.cache, ids, pos, self.verify_mask)
+        top_i, top_p = self._engine("verify", self.cache, ids, pos, self.verify_mask)
         k = top_i.shape[-1]
         return (top_i.reshape(b, w, g, k)[:, :, a:a + L], top_p.reshape(b, w, g, k)[:, :, a:a + L])
 

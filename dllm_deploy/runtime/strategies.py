@@ -68,6 +68,7 @@ class Policy:
         """W drafted states (W, L) and the tree they form (the fixed spec unless pruned)."""
         tau = self._tau(step, state) if self.lossy else None
         nodes = self.drafter.draft(self.draft_spec, state, top_ids, top_probs, step, tau_now=tau)
+        self._check_progress(state, nodes[0])
         if self.draft_spec is self.spec:
             return nodes, self.spec
         keep = prune(nodes, state, top_ids, top_probs, self.mask_id, self.width)
@@ -75,6 +76,17 @@ class Policy:
         spec = TreeSpec(tuple(index.get(self.draft_spec.parents[i], -1) for i in keep),
                         tuple(self.draft_spec.kinds[i] for i in keep))
         return nodes[keep], spec
+
+    def _check_progress(self, state, step0) -> None:
+        """Node 0, the base rule's step (which every selection reaches at least), commits a real
+        token while the block has a masked position: a block of L positions fills in at most L
+        steps. The backends never choose [MASK] (DESIGN §8), so a stuck step is a bug, reported
+        rather than looped on."""
+        m = self.mask_id
+        left = int((state == m).sum())
+        if left and int((step0 == m).sum()) >= left:
+            raise RuntimeError(f"internal error: a decode step committed no token ({left} masked positions left; "
+                               "the predictions there are the mask token)")
 
     def select(self, nodes, spec: TreeSpec, f_ids, f_probs, step):
         """(node index, steps accepted). f_ids/f_probs: (W, L, K) = f(node)."""

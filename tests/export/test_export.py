@@ -16,14 +16,15 @@ REPO = Path(__file__).resolve().parents[2]
 def test_artifact_layout_and_manifest(tiny_artifact):
     folder, report = tiny_artifact
     m = read_manifest(folder)
-    assert m["schema_version"] == 1
+    assert m["schema_version"] == 2
     assert set(m["precisions"]) == {"fp32", "int8"}
     for f in ("prefill.onnx", "verify.onnx", "weights.bin", "int8/prefill.onnx", "int8/verify.onnx", "int8/weights.bin"):
         assert f in m["files"], f
     assert m["graphs"]["prefill"]["inputs"][:3] == ["input_ids", "position_ids", "attention_mask"]
     assert "present.0.key" in m["graphs"]["prefill"]["outputs"]
     assert m["graphs"]["verify"]["outputs"] == ["top_ids", "top_probs"]
-    assert m["special_ids"] == {"mask": 256, "eos": 257, "pad": 258}
+    # excluded: the ids the graphs never choose (the mask, and the pad as it is not EOS)
+    assert m["special_ids"] == {"mask": 256, "eos": 257, "pad": 258, "excluded": [256, 258]}
     # weights are stored once: both graphs together are far smaller than two copies of the weights
     onnx_bytes = (folder / "prefill.onnx").stat().st_size + (folder / "verify.onnx").stat().st_size
     assert onnx_bytes < 0.1 * (folder / "weights.bin").stat().st_size

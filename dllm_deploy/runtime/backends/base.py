@@ -10,12 +10,22 @@ or an artifact; the runner owns the KV cache and runs the two graphs of DESIGN ย
 ids, pos (B,T) int64; mask (B,1,T,P+T) bool with P = cache.length; top_ids (B,T,K) int64,
 top_probs (B,T,K) float32, sorted by probability. All arrays are numpy: the decode loop never
 sees an engine's tensors.
+
+No backend returns the mask token or a pad token distinct from EOS as a choice (DESIGN ยง8): the
+graphs of a schema-2 artifact and the torch backend exclude them before the softmax. A schema-1
+artifact's graphs do not; its backend lists them in ``host_excluded`` and the decode loop demotes
+them where engine results come back (loop.py::demote_excluded).
 """
 from __future__ import annotations
 
+import warnings
+from pathlib import Path
 from typing import Protocol
 
 import numpy as np
+
+from ...artifact import graphs_exclude
+from ...models.exclusion import excluded_ids
 
 
 class Cache(Protocol):
@@ -28,6 +38,7 @@ class Cache(Protocol):
 class Backend(Protocol):
     name: str
     topk: int
+    host_excluded: tuple[int, ...]                # ids its graphs may still choose (schema 1); else ()
 
     def new_cache(self, batch: int, capacity: int) -> Cache: ...
 
@@ -38,3 +49,13 @@ class Backend(Protocol):
     def logits(self, cache: Cache, ids: np.ndarray, pos: np.ndarray, mask: np.ndarray) -> np.ndarray:
         """Full logits (B,T,V): for likelihood scoring only, never in the decode loop."""
         ...
+
+
+def host_excluded(manifest: dict, config, folder: str | Path) -> tuple[int, ...]:
+    """``host_excluded`` of an artifact backend: () when its graphs exclude the ids themselves;
+    for a schema-1 artifact, with one warning, the ids the decode loop must demote."""
+    if graphs_exclude(manifest):
+        return ()
+    warnings.warn(f"{folder}: a schema-1 artifact: its graphs may emit the mask token; the runtime skips it "
+                  "on the host (re-export the artifact to fix this)", stacklevel=2)
+    return excluded_ids(config)

@@ -13,6 +13,7 @@ import numpy as np
 
 from ...artifact import read_manifest
 from ...errors import UserError
+from .base import host_excluded
 
 
 def provider_list(providers: list[str], options: dict | None = None) -> list:
@@ -57,6 +58,7 @@ class OrtBackend:
         self.folder, self.manifest = Path(folder), manifest
         self.config = DLLMConfig.from_dict(manifest["model"])
         self.topk = int(manifest["topk"])
+        self.host_excluded = host_excluded(manifest, self.config, self.folder)
         files = manifest["precisions"][precision]
         so = ort.SessionOptions()
         so.log_severity_level = 3

@@ -1,4 +1,7 @@
-"""The torch reference backend (CPU, or CUDA where present). Imports torch lazily."""
+"""The torch reference backend (CPU, or CUDA where present). Imports torch lazily.
+
+It chooses as the exported graphs do (models/exclusion.py): the mask token and a pad token
+distinct from EOS are excluded before the softmax, so torch and the artifact backends agree."""
 from __future__ import annotations
 
 import numpy as np
@@ -21,9 +24,12 @@ class TorchCache:
 
 class TorchBackend:
     name = "torch"
+    host_excluded = ()          # _run excludes the ids itself, as the exported graphs do
 
     def __init__(self, model, config, device: str = "cpu", topk: int = 2, threads: int | None = None):
         import torch
+
+        from ...models.exclusion import excluded_ids, exclusion_mask
         if threads:
             torch.set_num_threads(threads)
         self.torch = torch
@@ -31,6 +37,7 @@ class TorchBackend:
         self.config = config
         self.device = device
         self.topk = topk
+        self.excluded = exclusion_mask(config.vocab_size, excluded_ids(config)).to(device)
 
     @classmethod
     def load(cls, model: str = "tiny", device: str | None = None, topk: int = 2):
@@ -45,13 +52,13 @@ class TorchBackend:
         return TorchCache(self.model.empty_past(batch, self.device, self.model.lm_head.weight.dtype), self.device)
 
     def _run(self, cache, ids, pos, mask):
+        from ...models.exclusion import choices
         t = self.torch
         with t.inference_mode():
             logits, present = self.model(
                 t.as_tensor(ids, device=self.device), t.as_tensor(pos, device=self.device),
                 t.as_tensor(mask, device=self.device), cache.past)
-            probs = t.softmax(logits.float(), dim=-1)
-            top_p, top_i = probs.topk(self.topk, dim=-1)
+            top_i, top_p = choices(logits, self.excluded, self.topk)
         return top_i.cpu().numpy(), top_p.cpu().numpy(), present
 
     def prefill(self, cache, ids, pos, mask, keep: int):
@@ -61,11 +68,14 @@ class TorchBackend:
         return top_i, top_p
 
     def logits(self, cache, ids, pos, mask) -> np.ndarray:
-        """Full logits (B,T,V) as float32 (for likelihood scoring; not used by the decode loop)."""
+        """Full logits (B,T,V) as float32, the excluded ids at -inf like the prefill graph's (for
+        likelihood scoring; not used by the decode loop)."""
+        from ...models.exclusion import exclude
         t = self.torch
         with t.inference_mode():
             out, _ = self.model(t.as_tensor(ids, device=self.device), t.as_tensor(pos, device=self.device),
                                 t.as_tensor(mask, device=self.device), cache.past)
+            out = exclude(out, self.excluded)
         return out.float().cpu().numpy()
 
     def verify(self, cache, ids, pos, mask):

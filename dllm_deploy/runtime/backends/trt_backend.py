@@ -29,6 +29,7 @@ from pathlib import Path
 import numpy as np
 
 from ...errors import UserError
+from .base import host_excluded
 from ...export.engines import (
     GRAPHS,
     Shapes,
@@ -234,6 +235,7 @@ class TrtBackend:  # pragma: no cover - needs a GPU with TensorRT
         self.precision = built["precision"]
         self.config = DLLMConfig.from_dict(manifest["model"])
         self.topk = int(manifest["topk"])
+        self.host_excluded = host_excluded(manifest, self.config, self.folder)
         self.block_length = int(manifest["block_length"])
         self.providers = [f"TensorRT {trt.__version__}"]
         rebuild = f"dllm-deploy build-engines --artifact {folder} --profile {profile.name}"
