@@ -13,7 +13,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..errors import UserError
+from ..errors import UserError, file_error
 
 LAYOUTS = ("llada", "dream", "block_causal")
 
@@ -142,6 +142,10 @@ class DLLMConfig:
             raw = json.loads(path.read_text())
         except FileNotFoundError:
             raise UserError(f"{path}: no config.json") from None
+        except OSError as e:
+            raise file_error(path, e) from None
+        except UnicodeDecodeError:
+            raise UserError(f"{path}: not valid JSON (not UTF-8 text)") from None
         except json.JSONDecodeError as e:
             raise UserError(f"{path}: not valid JSON ({e.msg}, line {e.lineno})") from None
         if not isinstance(raw, dict):

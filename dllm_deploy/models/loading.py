@@ -10,7 +10,7 @@ import json
 import re
 from pathlib import Path
 
-from ..errors import UserError
+from ..errors import UserError, file_error
 from .config import DLLMConfig
 
 TINY_DIR = Path(__file__).resolve().parent / "tiny"
@@ -67,8 +67,12 @@ def read_tensors(folder: Path) -> dict:
     out = {}
     for f in _shard_files(folder):
         try:
+            with open(f, "rb"):     # the library reports an unreadable file as a missing one
+                pass
             out.update(load_file(str(f)))
-        except (SafetensorError, OSError, ValueError) as e:
+        except OSError as e:
+            raise file_error(f, e) from None
+        except (SafetensorError, ValueError) as e:
             raise UserError(f"{f}: corrupt safetensors file ({e})") from None
     return out
 

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import numpy as np
 
-from ...artifact import read_manifest
-from ...errors import UserError
+from ...artifact import MANIFEST, read_manifest
+from ...errors import UserError, file_error
 
 
 def provider_list(providers: list[str], options: dict | None = None) -> list:
@@ -64,11 +64,7 @@ class OrtBackend:
             so.intra_op_num_threads = threads
         so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
         plist = provider_list(providers or ["CPUExecutionProvider"], provider_options)
-        try:
-            self.sessions = {g: ort.InferenceSession(str(self.folder / files[g]), so, providers=plist)
-                             for g in ("prefill", "verify")}
-        except Exception as e:  # onnxruntime raises its own Fail/InvalidGraph types
-            raise UserError(f"{self.folder}: cannot load the ONNX graphs ({type(e).__name__}: {str(e).splitlines()[0][:200]})") from None
+        self.sessions = {g: _session(self.folder, files, g, so, plist) for g in ("prefill", "verify")}
         self.providers = self.sessions["verify"].get_providers()
         inp = self.sessions["prefill"].get_inputs()
         self.kv_dtype = np.float16 if "float16" in inp[3].type else np.float32
@@ -113,6 +109,24 @@ class OrtBackend:
         return top_i, top_p.astype(np.float32, copy=False)
 
 
+def _session(folder: Path, files: dict, graph: str, options, providers):
+    """One ONNX Runtime session for ``graph``; a missing, unreadable or broken file is the
+    user's mistake, reported in one line naming the file."""
+    import onnxruntime as ort
+    if graph not in files:
+        raise UserError(f"{folder / MANIFEST}: corrupt manifest (no {graph!r} graph in the precision's files)")
+    path = folder / files[graph]
+    try:
+        with open(path, "rb"):      # names the cause ONNX Runtime's own message leaves out
+            pass
+        return ort.InferenceSession(str(path), options, providers=providers)
+    except OSError as e:
+        raise file_error(path, e) from None
+    except Exception as e:  # onnxruntime raises its own Fail/InvalidGraph types
+        msg = str(e).splitlines()[0][:200] if str(e) else ""
+        raise UserError(f"{path}: cannot load the ONNX graph ({type(e).__name__}: {msg})") from None
+
+
 def load_artifact_runtime(runtime_cls, folder, precision: str = "fp32", threads: int | None = None,
                           providers=None, provider_options=None, threads_default: int | None = None,
                           max_beam_width: int | None = None):
@@ -124,7 +138,7 @@ def load_artifact_runtime(runtime_cls, folder, precision: str = "fp32", threads:
     if tok_kind == "byte":
         tok = ByteTokenizer()
     elif tok_kind == "hf":
-        tok = HFTokenizer(Path(folder) / m["tokenizer"]["file"], be.config.eos_token_id)
+        tok = HFTokenizer(Path(folder) / str(m["tokenizer"].get("file", "tokenizer.json")), be.config.eos_token_id)
     else:
         raise UserError(f"{folder}: unknown tokenizer kind {tok_kind!r} in the manifest")
     cap = int(m.get("max_beam_width", 8))
