@@ -187,9 +187,8 @@ def load_profiles(extra: str | Path | None = None) -> Profiles:
             raw = _read_yaml(p)
             prof = parse_profile(raw, str(p))
         except UserError as e:
-            named = raw.get("name") if isinstance(raw, dict) else None
-            for name in (p.stem, named if isinstance(named, str) else p.stem):
-                out.broken[name] = str(e)
+            named = raw.get("name") if isinstance(raw, dict) else None     # known by its stem and its name
+            out.broken.update(dict.fromkeys({p.stem, named if isinstance(named, str) else p.stem}, str(e)))
             continue
         out[prof.name] = prof      # a user's profile of the same name replaces the bundled one
         out.broken.pop(prof.name, None)
