@@ -69,6 +69,31 @@ def test_the_manifest_fuzzer_also_reaches_valid_manifests(tmp_path):
     assert 5 < ok < 195
 
 
+@pytest.fixture(scope="module")
+def artifact_copy(tiny_artifact, tmp_path_factory):
+    """The tiny artifact's files (symlinked) in a folder whose manifest.json each example rewrites."""
+    good = Path(tiny_artifact[0])
+    d = tmp_path_factory.mktemp("fuzz-artifact")
+    for f in good.iterdir():
+        if f.name != "manifest.json":
+            (d / f.name).symlink_to(f)
+    return d, json.loads((good / "manifest.json").read_text())
+
+
+@settings(FUZZ, max_examples=12)     # each example loads ONNX Runtime sessions and decodes a few tokens
+@given(rng=RNG, key=st.sampled_from(["model", "topk", "graphs", "tokenizer", "max_beam_width", "block_length",
+                                     "precisions", "special_ids"]))
+def test_runtime_load_of_an_edited_manifest(artifact_copy, rng, key):
+    # the hashes still match: what the runtime reads from the manifest is what is fuzzed
+    folder, valid = artifact_copy
+    m = json.loads(json.dumps(valid))
+    m[key] = mutate_json(m[key], rng)
+    (folder / "manifest.json").write_text(json.dumps(m))
+    rt = clean(Runtime.load, artifact=str(folder), profile="generic-cpu")
+    if rt is not None:
+        clean(rt.generate, ["upper: ab\n"], gen_length=8)
+
+
 # -- the profile loader -----------------------------------------------------------------------
 
 _PROFILE = {"name": "mine", "description": "fuzzed", "match": {"kind": "cpu", "arch": ["x86_64"]},

@@ -55,6 +55,13 @@ def _check_shape(m: dict, path: Path) -> None:
             raise UserError(f"{path}: corrupt manifest (no {key!r})")
         if not isinstance(m[key], dict):
             raise UserError(f"{path}: corrupt manifest ({key!r} is not an object)")
+    for key in ("topk", "max_beam_width", "block_length"):
+        if key in m and (not isinstance(m[key], int) or isinstance(m[key], bool) or m[key] < 1):
+            raise UserError(f"{path}: corrupt manifest ({key!r} is not a positive integer)")
+    for graph, spec in m["graphs"].items():
+        if not (isinstance(spec, dict) and all(isinstance(spec.get(k), list) and all(isinstance(x, str) for x in spec[k])
+                                               for k in ("inputs", "outputs"))):
+            raise UserError(f"{path}: corrupt manifest (graph {graph!r} has no lists of input and output names)")
     for prec, files in m["precisions"].items():
         if not isinstance(files, dict) or not all(isinstance(v, str) for v in files.values()):
             raise UserError(f"{path}: corrupt manifest (precision {prec!r} does not map graphs to file names)")

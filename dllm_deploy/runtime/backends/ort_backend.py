@@ -55,8 +55,10 @@ class OrtBackend:
         import onnxruntime as ort
         from ...models.config import DLLMConfig
         self.folder, self.manifest = Path(folder), manifest
-        self.config = DLLMConfig.from_dict(manifest["model"])
-        self.topk = int(manifest["topk"])
+        self.config = DLLMConfig.from_dict(manifest["model"], f"{self.folder / MANIFEST}: model")
+        self.topk = manifest.get("topk")
+        if self.topk is None:
+            raise UserError(f"{self.folder / MANIFEST}: corrupt manifest (no 'topk')")
         files = manifest["precisions"][precision]
         so = ort.SessionOptions()
         so.log_severity_level = 3
@@ -65,6 +67,12 @@ class OrtBackend:
         so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
         plist = provider_list(providers or ["CPUExecutionProvider"], provider_options)
         self.sessions = {g: _session(self.folder, files, g, so, plist) for g in ("prefill", "verify")}
+        for g, sess in self.sessions.items():     # the loop feeds and fetches by the manifest's names
+            have = {"inputs": [i.name for i in sess.get_inputs()], "outputs": [o.name for o in sess.get_outputs()]}
+            for k in ("inputs", "outputs"):
+                if manifest["graphs"].get(g, {}).get(k) != have[k]:
+                    raise UserError(f"{self.folder / MANIFEST}: corrupt manifest (graph {g!r}: its {k} are not "
+                                    f"those of {files[g]})")
         self.providers = self.sessions["verify"].get_providers()
         inp = self.sessions["prefill"].get_inputs()
         self.kv_dtype = np.float16 if "float16" in inp[3].type else np.float32
@@ -141,7 +149,7 @@ def load_artifact_runtime(runtime_cls, folder, precision: str = "fp32", threads:
         tok = HFTokenizer(Path(folder) / str(m["tokenizer"].get("file", "tokenizer.json")), be.config.eos_token_id)
     else:
         raise UserError(f"{folder}: unknown tokenizer kind {tok_kind!r} in the manifest")
-    cap = int(m.get("max_beam_width", 8))
+    cap = m.get("max_beam_width", 8)
     if max_beam_width is not None:
         cap = min(cap, int(max_beam_width))
     return runtime_cls(be, tok, be.config, max_beam_width=cap)
