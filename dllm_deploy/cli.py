@@ -42,7 +42,7 @@ def _add_decode_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--gen-length", type=int, default=None, help="token budget per prompt (default 256)")
     p.add_argument("--block-length", type=int, default=None, help="block length L (default 32)")
     p.add_argument("--tokens-per-step", type=int, default=None, help="vanilla: tokens committed per step (k)")
-    p.add_argument("--steps", type=int, default=None, help="vanilla: LLaDA steps over the whole generation")
+    p.add_argument("--steps", type=int, default=None, help="vanilla: LLaDA steps over the whole generation (>= 1)")
     p.add_argument("--beam-width", type=int, default=None, help="spd: branches verified per forward (W)")
     p.add_argument("--tree", default=None, help=f"spd: tree preset ({' | '.join(PRESETS)}; default {DEFAULT_TREE})")
     p.add_argument("--threshold", type=float, default=None, help="threshold tau (default 0.9)")
@@ -70,8 +70,9 @@ def _runtime(a):
 
 
 def cmd_generate(a) -> int:
+    from .prompts import decode_escapes
     from .runtime.api import decode_config
-    prompts = [p.encode().decode("unicode_escape") if a.escapes else p for p in a.prompt]
+    prompts = [decode_escapes(p) if a.escapes else p for p in a.prompt]
     decode_config(**_decode_kwargs(a))            # bad options fail before a model is loaded
     rt = _runtime(a)
     dcfg = rt.decode_config(**_decode_kwargs(a))
@@ -254,6 +255,7 @@ def cmd_profiles(a) -> int:
     from .profiles.memory import free_bytes_for
     profiles = load_profiles()
     if a.action == "list":
+        profiles.warn_broken()
         rows = [{"name": p.name, "description": p.description} for p in profiles.values()]
         print(json.dumps(rows) if a.json else "\n".join(f"{r['name']:<18} {r['description']}" for r in rows))
         return 0
@@ -343,8 +345,10 @@ def build_parser() -> argparse.ArgumentParser:
     sub = ap.add_subparsers(dest="command", required=True)
 
     g = sub.add_parser("generate", help="decode one or more prompts")
-    g.add_argument("--prompt", action="append", required=True, help="prompt text (repeat for a batch)")
-    g.add_argument("--escapes", action="store_true", help="interpret backslash escapes (\\n) in prompts")
+    g.add_argument("--prompt", action="append", required=True,
+                   help="prompt text (repeat for a batch); bytes that are not UTF-8 become U+FFFD")
+    g.add_argument("--escapes", action="store_true",
+                   help="interpret \\n \\t \\r \\0 \\\\ \\\" \\' \\xHH \\uHHHH \\UHHHHHHHH in prompts (others are refused)")
     _add_decode_flags(g)
     g.set_defaults(func=cmd_generate)
 

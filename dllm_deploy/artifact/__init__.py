@@ -9,7 +9,7 @@ import hashlib
 import json
 from pathlib import Path
 
-from ..errors import UserError
+from ..errors import UserError, file_error
 
 SCHEMA_VERSION = 2
 # 1: the graphs may emit the mask token (the runtime excludes it on the host, with a warning);
@@ -34,27 +34,78 @@ def write_manifest(folder: Path, manifest: dict) -> None:
     (folder / MANIFEST).write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
 
 
+def _load_json(path: Path) -> object:
+    """The manifest's JSON value; a file that cannot be read or parsed is the user's mistake."""
+    try:
+        data = path.read_bytes()
+    except OSError as e:
+        raise file_error(path, e) from None
+    try:
+        return json.loads(data.decode("utf-8"))
+    except UnicodeDecodeError as e:
+        raise UserError(f"{path}: corrupt manifest (not UTF-8 text: byte {data[e.start]:#04x} at offset {e.start})") from None
+    except json.JSONDecodeError as e:
+        raise UserError(f"{path}: corrupt manifest ({e.msg}, line {e.lineno})") from None
+    except RecursionError:
+        raise UserError(f"{path}: corrupt manifest (nested too deeply)") from None
+
+
+def _check_shape(m: dict, path: Path) -> None:
+    """The types of the keys every reader indexes into, and file names that stay inside the
+    artifact folder, so a damaged manifest is reported as such instead of failing later."""
+    for key in ("model", "precisions", "files", "graphs", "tokenizer"):
+        if key not in m:
+            raise UserError(f"{path}: corrupt manifest (no {key!r})")
+        if not isinstance(m[key], dict):
+            raise UserError(f"{path}: corrupt manifest ({key!r} is not an object)")
+    for key in ("topk", "max_beam_width", "block_length"):
+        if key in m and (not isinstance(m[key], int) or isinstance(m[key], bool) or m[key] < 1):
+            raise UserError(f"{path}: corrupt manifest ({key!r} is not a positive integer)")
+    for graph, spec in m["graphs"].items():
+        if not (isinstance(spec, dict) and all(isinstance(spec.get(k), list) and all(isinstance(x, str) for x in spec[k])
+                                               for k in ("inputs", "outputs"))):
+            raise UserError(f"{path}: corrupt manifest (graph {graph!r} has no lists of input and output names)")
+    for prec, files in m["precisions"].items():
+        if not isinstance(files, dict) or not all(isinstance(v, str) for v in files.values()):
+            raise UserError(f"{path}: corrupt manifest (precision {prec!r} does not map graphs to file names)")
+    for rel, digest in m["files"].items():
+        if not isinstance(digest, str):
+            raise UserError(f"{path}: corrupt manifest (the sha256 of {rel!r} is not a string)")
+    for rel in [*m["files"], *(v for files in m["precisions"].values() for v in files.values())]:
+        p = Path(rel)
+        if not rel or "\0" in rel or p.is_absolute() or ".." in p.parts:
+            raise UserError(f"{path}: corrupt manifest (file name {rel!r} is not inside the artifact folder)")
+
+
 def read_manifest(folder: str | Path, verify: bool = True, precision: str | None = None) -> dict:
     """Load and check a manifest: schema version, and the sha256 of every file the chosen
     precision needs (all files when precision is None)."""
     folder = Path(folder)
-    if not folder.is_dir():
-        raise UserError(f"{folder}: no such artifact folder")
-    path = folder / MANIFEST
-    if not path.exists():
-        raise UserError(f"{folder}: not an artifact (no {MANIFEST})")
     try:
-        m = json.loads(path.read_text())
-    except json.JSONDecodeError as e:
-        raise UserError(f"{path}: corrupt manifest ({e.msg}, line {e.lineno})") from None
+        if not folder.exists():
+            raise UserError(f"{folder}: no such artifact folder")
+        if not folder.is_dir():
+            raise UserError(f"{folder}: not a folder (an artifact is a folder with {MANIFEST})")
+        path = folder / MANIFEST
+        if not path.exists():
+            raise UserError(f"{folder}: not an artifact (no {MANIFEST})")
+    except OSError as e:         # a folder the user may not enter
+        raise file_error(folder, e) from None
+    m = _load_json(path)
     if not isinstance(m, dict) or "schema_version" not in m:
         raise UserError(f"{path}: corrupt manifest (no schema_version)")
+<<<<<<< HEAD
     if m["schema_version"] not in READABLE or isinstance(m["schema_version"], bool):
         raise UserError(f"{path}: unknown schema_version {m['schema_version']!r} "
                         f"(this runtime reads {', '.join(map(str, READABLE))})")
     for key in ("model", "precisions", "files", "graphs", "tokenizer"):
         if key not in m:
             raise UserError(f"{path}: corrupt manifest (no {key!r})")
+=======
+    if m["schema_version"] != SCHEMA_VERSION or isinstance(m["schema_version"], bool):
+        raise UserError(f"{path}: unknown schema_version {m['schema_version']!r} (this runtime reads {SCHEMA_VERSION})")
+    _check_shape(m, path)
+>>>>>>> h-pyerr
     if precision is not None and precision not in m["precisions"]:
         raise UserError(f"{folder}: the artifact has no {precision!r} variant (it has {', '.join(sorted(m['precisions']))})")
     if verify:
@@ -64,9 +115,13 @@ def read_manifest(folder: str | Path, verify: bool = True, precision: str | None
             wanted = {k: v for k, v in wanted.items() if k in need or not k.endswith((".onnx", ".bin"))}
         for rel, digest in wanted.items():
             f = folder / rel
-            if not f.exists():
-                raise UserError(f"{f}: missing (listed in the manifest)")
-            if sha256(f) != digest:
+            try:
+                if not f.exists():
+                    raise UserError(f"{f}: missing (listed in the manifest)")
+                actual = sha256(f)
+            except OSError as e:
+                raise file_error(f, e) from None
+            if actual != digest:
                 raise UserError(f"{f}: sha256 mismatch (the file changed after export)")
     return m
 

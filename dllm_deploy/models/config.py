@@ -11,9 +11,10 @@ from __future__ import annotations
 import dataclasses
 import json
 from dataclasses import dataclass
+from numbers import Integral, Real
 from pathlib import Path
 
-from ..errors import UserError
+from ..errors import UserError, file_error
 
 LAYOUTS = ("llada", "dream", "block_causal")
 
@@ -27,6 +28,12 @@ _MODEL_TYPES = {
     "fast_dllm_qwen": "block_causal",
     "dllm_block": "block_causal",
 }
+
+
+# field annotation -> the JSON values it accepts (from_dict); sizes that must be positive
+_FIELD_TYPES = {"int": Integral, "float": Real, "str": str, "bool": bool}
+_SIZES = ("vocab_size", "hidden_size", "num_layers", "num_heads", "num_kv_heads", "intermediate_size",
+          "mask_token_id", "eos_token_id", "pad_token_id", "head_dim", "max_seq", "block_size")
 
 
 @dataclass
@@ -65,9 +72,20 @@ class DLLMConfig:
         return dataclasses.asdict(self)
 
     @classmethod
-    def from_dict(cls, d: dict) -> "DLLMConfig":
-        names = {f.name for f in dataclasses.fields(cls)}
-        return cls(**{k: v for k, v in d.items() if k in names})
+    def from_dict(cls, d: dict, source: str = "model config") -> "DLLMConfig":
+        """The config an artifact's manifest records (``to_dict``); every field is checked for
+        its type and sizes for being positive, so a hand-edited manifest fails here in one line."""
+        fields = {f.name: f for f in dataclasses.fields(cls)}
+        for f in fields.values():
+            if f.name not in d and f.default is dataclasses.MISSING:
+                raise UserError(f"{source}: no {f.name!r}")
+        for k, v in d.items():
+            want = _FIELD_TYPES.get(fields[k].type) if k in fields else None
+            if want and (not isinstance(v, want) or (want is not bool and isinstance(v, bool))):
+                raise UserError(f"{source}: {k!r} must be {fields[k].type}, got {v!r}")
+            if k in _SIZES and v < (0 if k == "head_dim" else 1):
+                raise UserError(f"{source}: {k!r} must be positive, got {v}")
+        return cls(**{k: v for k, v in d.items() if k in fields})
 
     @classmethod
     def from_hf(cls, raw: dict, source: str = "config.json") -> "DLLMConfig":
@@ -142,6 +160,10 @@ class DLLMConfig:
             raw = json.loads(path.read_text())
         except FileNotFoundError:
             raise UserError(f"{path}: no config.json") from None
+        except OSError as e:
+            raise file_error(path, e) from None
+        except UnicodeDecodeError:
+            raise UserError(f"{path}: not valid JSON (not UTF-8 text)") from None
         except json.JSONDecodeError as e:
             raise UserError(f"{path}: not valid JSON ({e.msg}, line {e.lineno})") from None
         if not isinstance(raw, dict):

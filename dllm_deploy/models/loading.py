@@ -10,7 +10,7 @@ import json
 import re
 from pathlib import Path
 
-from ..errors import UserError
+from ..errors import UserError, file_error
 from .config import DLLMConfig
 
 TINY_DIR = Path(__file__).resolve().parent / "tiny"
@@ -46,9 +46,13 @@ def _shard_files(folder: Path) -> list[Path]:
     index = folder / "model.safetensors.index.json"
     if index.exists():
         try:
-            weight_map = json.loads(index.read_text())["weight_map"]
-        except (json.JSONDecodeError, KeyError, TypeError):
-            raise UserError(f"{index}: not a valid safetensors index (needs a 'weight_map' object)") from None
+            weight_map = json.loads(index.read_bytes().decode("utf-8"))["weight_map"]
+        except OSError as e:
+            raise file_error(index, e) from None
+        except (ValueError, KeyError, TypeError, RecursionError):     # JSON, UTF-8 and shape errors
+            weight_map = None
+        if not isinstance(weight_map, dict) or not all(isinstance(f, str) and f and "\0" not in f for f in weight_map.values()):
+            raise UserError(f"{index}: not a valid safetensors index (needs a 'weight_map' object of file names)")
         files = sorted({folder / f for f in weight_map.values()})
         for f in files:
             if not f.exists():
@@ -67,8 +71,12 @@ def read_tensors(folder: Path) -> dict:
     out = {}
     for f in _shard_files(folder):
         try:
+            with open(f, "rb"):     # the library reports an unreadable file as a missing one
+                pass
             out.update(load_file(str(f)))
-        except (SafetensorError, OSError, ValueError) as e:
+        except OSError as e:
+            raise file_error(f, e) from None
+        except (SafetensorError, ValueError) as e:
             raise UserError(f"{f}: corrupt safetensors file ({e})") from None
     return out
 

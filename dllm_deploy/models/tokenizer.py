@@ -3,7 +3,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..errors import UserError
+from ..errors import UserError, file_error
+from ..prompts import valid_text
 
 
 class ByteTokenizer:
@@ -14,7 +15,7 @@ class ByteTokenizer:
     vocab_size = 259
 
     def encode(self, text: str) -> list[int]:
-        return list(text.encode("utf-8"))
+        return list(valid_text(text).encode("utf-8"))
 
     def decode(self, ids) -> str:
         out = bytearray()
@@ -41,14 +42,18 @@ class HFTokenizer:
         except ImportError:  # pragma: no cover - a declared dependency
             raise UserError("the 'tokenizers' package is needed to read tokenizer.json") from None
         try:
+            with open(path, "rb"):   # names the cause the library's message leaves out
+                pass
             self._tok = Tokenizer.from_file(str(path))
+        except OSError as e:
+            raise file_error(path, e, "tokenizer") from None
         except Exception as e:  # the library raises a bare Exception on a bad file
             raise UserError(f"{path}: not a valid tokenizer.json ({e})") from None
         self.path = Path(path)
         self.EOS = eos_token_id
 
     def encode(self, text: str) -> list[int]:
-        return self._tok.encode(text, add_special_tokens=False).ids
+        return self._tok.encode(valid_text(text), add_special_tokens=False).ids
 
     def decode(self, ids) -> str:
         ids = [int(i) for i in ids]

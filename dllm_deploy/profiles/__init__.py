@@ -12,12 +12,14 @@ from __future__ import annotations
 import os
 import platform
 import re
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import yaml
 
-from ..errors import UserError
+from ..decode_rules import problem
+from ..errors import UserError, file_error
 
 BUNDLED = Path(__file__).resolve().parent
 
@@ -87,9 +89,9 @@ def parse_profile(raw: dict, source: str) -> Profile:
     m, dev, mem, trt = raw["match"], raw.get("device", {}), raw.get("memory", {}), raw.get("trt", {})
     if m.get("kind") not in KINDS:
         raise UserError(f"{source}: match.kind must be cpu, gpu or jetson")
-    for key in ("arch", "gpu_name"):
-        if key in m and not all(isinstance(x, str) and x for x in m[key]):
-            raise UserError(f"{source}: match.{key} must be a list of non-empty strings")
+    for key, items in (("match.arch", m.get("arch")), ("match.gpu_name", m.get("gpu_name")), ("backends", raw["backends"])):
+        if items is not None and not all(isinstance(x, str) and x for x in items):
+            raise UserError(f"{source}: {key} must be a list of non-empty strings")
     if raw.get("precision", "fp32") not in PRECISIONS:
         raise UserError(f"{source}: precision must be one of {', '.join(PRECISIONS)}")
     if "compute_capability" in dev and not re.fullmatch(r"\d+\.\d+", dev["compute_capability"]):
@@ -101,6 +103,14 @@ def parse_profile(raw: dict, source: str) -> Profile:
     if not 0 <= trt.get("opt_level", 3) <= 5:
         raise UserError(f"{source}: trt.opt_level must be 0..5")
     d = raw.get("decode", {})
+    for key, value in d.items():
+        msg = problem(key, value)
+        if msg:
+            raise UserError(f"{source}: decode.{key}: {msg}")
+    for section, key in (("memory", "reserve_mb"), ("ort", "intra_op_threads")):
+        value = raw.get(section, {}).get(key, 0)
+        if value < 0:
+            raise UserError(f"{source}: {section}.{key} must be >= 0, got {value}")
     if d.get("beam_width", 1) > d.get("max_beam_width", d.get("beam_width", 1)):
         raise UserError(f"{source}: decode.beam_width is above decode.max_beam_width")
     return Profile(description=raw.get("description", ""), source=source,
@@ -116,26 +126,72 @@ def user_profile_dir() -> Path:
     return Path(os.environ.get("XDG_CONFIG_HOME") or Path.home() / ".config") / "dllm-deploy" / "profiles"
 
 
-def load_profiles(extra: str | Path | None = None) -> dict[str, Profile]:
+class Profiles(dict):
+    """Profiles by name, plus the user profiles that could not be read (``broken``: name ->
+    one-line reason). A broken user profile is skipped with a warning so that it does not block
+    a run naming another profile; naming it is an error (get_profile)."""
+
+    def __init__(self):
+        super().__init__()
+        self.broken: dict[str, str] = {}
+
+    def warn_broken(self) -> None:
+        for reason in dict.fromkeys(self.broken.values()):
+            warnings.warn(f"{reason} (profile skipped)", stacklevel=2)
+
+
+def _read_yaml(path: Path):
+    """The YAML value of one profile file; an unreadable, non-UTF-8 or invalid file is a UserError."""
+    try:
+        data = path.read_bytes()
+    except OSError as e:
+        raise file_error(path, e) from None
+    try:
+        return yaml.safe_load(data.decode("utf-8"))
+    except UnicodeDecodeError as e:
+        raise UserError(f"{path}: not UTF-8 text (byte {data[e.start]:#04x} at offset {e.start})") from None
+    except yaml.YAMLError as e:
+        raise UserError(f"{path}: not valid YAML ({str(e).splitlines()[0]})") from None
+    except RecursionError:
+        raise UserError(f"{path}: not a profile (nested too deeply)") from None
+
+
+def _user_files(user: Path) -> list[Path]:
+    """The user's profile files: ``user`` itself, or the *.yaml files in that folder."""
+    try:
+        if not user.exists():
+            raise UserError(f"{user}: no such profile file or folder")
+        return sorted(p for p in user.iterdir() if p.name.endswith(".yaml")) if user.is_dir() else [user]
+    except OSError as e:
+        raise file_error(user, e, "profile folder") from None
+
+
+def load_profiles(extra: str | Path | None = None) -> Profiles:
     """Bundled profiles, then the user's (``extra``, else DLLM_DEPLOY_PROFILES, else the user
-    profile folder when it exists); a user profile of the same name replaces a bundled one."""
-    paths = sorted(BUNDLED.glob("*.yaml"))
+    profile folder when it exists); a user profile of the same name replaces a bundled one.
+    A bundled profile that fails its checks is an error; a user's is recorded in ``broken``."""
+    out = Profiles()
+    for p in sorted(BUNDLED.glob("*.yaml")):
+        prof = parse_profile(_read_yaml(p), str(p))
+        out[prof.name] = prof
     user = extra or os.environ.get("DLLM_DEPLOY_PROFILES")
-    if not user and user_profile_dir().is_dir():
-        user = user_profile_dir()
-    if user:
-        u = Path(user)
-        if not u.exists():
-            raise UserError(f"{u}: no such profile file or folder")
-        paths += sorted(u.glob("*.yaml")) if u.is_dir() else [u]
-    out: dict[str, Profile] = {}
-    for p in paths:
+    if not user:
+        folder = user_profile_dir()
         try:
-            raw = yaml.safe_load(p.read_text())
-        except yaml.YAMLError as e:
-            raise UserError(f"{p}: not valid YAML ({str(e).splitlines()[0]})") from None
-        prof = parse_profile(raw, str(p))
+            user = folder if folder.is_dir() else None
+        except OSError as e:     # a parent folder the user may not enter
+            raise file_error(folder, e, "profile folder") from None
+    for p in _user_files(Path(user)) if user else []:
+        raw = None
+        try:
+            raw = _read_yaml(p)
+            prof = parse_profile(raw, str(p))
+        except UserError as e:
+            named = raw.get("name") if isinstance(raw, dict) else None     # known by its stem and its name
+            out.broken.update(dict.fromkeys({p.stem, named if isinstance(named, str) else p.stem}, str(e)))
+            continue
         out[prof.name] = prof      # a user's profile of the same name replaces the bundled one
+        out.broken.pop(prof.name, None)
     return out
 
 
@@ -260,7 +316,12 @@ def select(profiles: dict[str, Profile], facts: dict) -> tuple[Profile, list[str
 
 def get_profile(name: str, profiles: dict[str, Profile] | None = None) -> tuple[Profile, list[str], dict]:
     """A profile by name, or 'auto' (detect + select). Returns (profile, reasons, facts)."""
-    profiles = profiles or load_profiles()
+    profiles = profiles if profiles is not None else load_profiles()
+    broken = getattr(profiles, "broken", {})
+    if name in broken:
+        raise UserError(broken[name])
+    if broken:
+        profiles.warn_broken()
     if name == "auto":
         facts = detect()
         prof, reasons = select(profiles, facts)

@@ -3,40 +3,26 @@ from __future__ import annotations
 
 from dataclasses import fields
 
+from ..decode_rules import problem
 from ..errors import UserError
 from .loop import Decoder, RowResult
-from .strategies import SELECTS, STRATEGIES, DecodeConfig
+from .strategies import DecodeConfig
 
-_DECODE_FIELDS = {f.name for f in fields(DecodeConfig)}
+_DECODE_FIELDS = [f.name for f in fields(DecodeConfig)]     # in order: the first bad option is reported
 
 
 def decode_config(**kw) -> DecodeConfig:
     """DecodeConfig from keyword arguments (None = default), with the checks a user needs."""
-    unknown = set(kw) - _DECODE_FIELDS
+    unknown = set(kw) - set(_DECODE_FIELDS)
     if unknown:
         raise UserError(f"unknown decode option(s): {', '.join(sorted(unknown))}")
     cfg = DecodeConfig(**{k: v for k, v in kw.items() if v is not None})
-    if cfg.strategy not in STRATEGIES:
-        raise UserError(f"unknown strategy {cfg.strategy!r} (expected one of {', '.join(STRATEGIES)})")
-    if cfg.select not in SELECTS:
-        raise UserError(f"unknown selection {cfg.select!r} (expected one of {', '.join(SELECTS)})")
-    if cfg.base not in ("vanilla", "threshold"):
-        raise UserError(f"unknown base rule {cfg.base!r} (expected vanilla or threshold)")
-    if not 0.0 < cfg.threshold <= 1.0:
-        raise UserError(f"threshold must be in (0, 1], got {cfg.threshold}")
-    if cfg.draft_tau is not None and not 0.0 < cfg.draft_tau <= 1.0:
-        raise UserError(f"draft tau must be in (0, 1], got {cfg.draft_tau}")
-    if cfg.beam_width < 1:
-        raise UserError(f"beam width must be >= 1, got {cfg.beam_width}")
-    if cfg.tokens_per_step < 1:
-        raise UserError(f"tokens per step must be >= 1, got {cfg.tokens_per_step}")
-    if cfg.candidates < 0:
-        raise UserError(f"candidates must be >= 0, got {cfg.candidates}")
+    for name in _DECODE_FIELDS:
+        msg = problem(name, getattr(cfg, name))
+        if msg:
+            raise UserError(msg)
     if cfg.candidates and not (cfg.strategy == "spd" and cfg.select == "threshold"):
         raise UserError("--candidates prunes the drafts of spd --select threshold only")
-    from .tree import PRESETS
-    if cfg.tree not in PRESETS:
-        raise UserError(f"unknown tree preset {cfg.tree!r} (expected one of {', '.join(PRESETS)})")
     return cfg
 
 

@@ -15,9 +15,6 @@ import numpy as np
 from .rules import Threshold, ThresholdSchedule, Vanilla
 from .tree import DEFAULT_TREE, Drafter, TreeSpec, make_tree, node_depths
 
-STRATEGIES = ("vanilla", "threshold", "spd")
-SELECTS = ("lossless", "threshold")
-
 
 @dataclass
 class DecodeConfig:

@@ -18,11 +18,11 @@ from functools import lru_cache
 
 import numpy as np
 
+from ..decode_rules import PRESETS
 from ..models.masks import tree_mask, tree_positions
 from .rules import Threshold, Vanilla, _ranked_masked, commit
 
 CHAIN, RUNNER_UP, CONSERVATIVE, ALT_POSITION = 0, 1, 2, 3
-PRESETS = ("chain", "binary", "wide", "fork")
 DEFAULT_TREE = "fork"   # the best measured on the tiny model (docs/algorithms.md)
 
 

@@ -159,8 +159,10 @@ def test_user_profile_overrides_and_validation(tmp_path):
            ({**base, "match": {"kind": "tpu"}}, "match.kind must be cpu, gpu or jetson"),
            ({**base, "trt": 4096}, "'trt' has the wrong type")]
     for body, msg in bad:
-        with pytest.raises(UserError, match=msg):
-            load_profiles(_write(tmp_path, body))
+        ps = load_profiles(_write(tmp_path, body))     # a broken user profile is skipped ...
+        assert "my-cpu" not in ps and "generic-cpu" in ps
+        with pytest.raises(UserError, match=msg):      # ... and naming it is the error
+            get_profile("my-cpu", ps)
     with pytest.raises(UserError, match="missing key 'backends'"):
         parse_profile({"name": "x", "match": {"kind": "cpu"}}, "x.yaml")
     with pytest.raises(UserError, match="no profile named 'nope'"):

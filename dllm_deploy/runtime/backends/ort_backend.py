@@ -11,8 +11,8 @@ from pathlib import Path
 
 import numpy as np
 
-from ...artifact import read_manifest
-from ...errors import UserError
+from ...artifact import MANIFEST, read_manifest
+from ...errors import UserError, file_error
 from .base import host_excluded
 
 
@@ -56,8 +56,10 @@ class OrtBackend:
         import onnxruntime as ort
         from ...models.config import DLLMConfig
         self.folder, self.manifest = Path(folder), manifest
-        self.config = DLLMConfig.from_dict(manifest["model"])
-        self.topk = int(manifest["topk"])
+        self.config = DLLMConfig.from_dict(manifest["model"], f"{self.folder / MANIFEST}: model")
+        self.topk = manifest.get("topk")
+        if self.topk is None:
+            raise UserError(f"{self.folder / MANIFEST}: corrupt manifest (no 'topk')")
         self.host_excluded = host_excluded(manifest, self.config, self.folder)
         files = manifest["precisions"][precision]
         so = ort.SessionOptions()
@@ -66,11 +68,13 @@ class OrtBackend:
             so.intra_op_num_threads = threads
         so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
         plist = provider_list(providers or ["CPUExecutionProvider"], provider_options)
-        try:
-            self.sessions = {g: ort.InferenceSession(str(self.folder / files[g]), so, providers=plist)
-                             for g in ("prefill", "verify")}
-        except Exception as e:  # onnxruntime raises its own Fail/InvalidGraph types
-            raise UserError(f"{self.folder}: cannot load the ONNX graphs ({type(e).__name__}: {str(e).splitlines()[0][:200]})") from None
+        self.sessions = {g: _session(self.folder, files, g, so, plist) for g in ("prefill", "verify")}
+        for g, sess in self.sessions.items():     # the loop feeds and fetches by the manifest's names
+            have = {"inputs": [i.name for i in sess.get_inputs()], "outputs": [o.name for o in sess.get_outputs()]}
+            for k in ("inputs", "outputs"):
+                if manifest["graphs"].get(g, {}).get(k) != have[k]:
+                    raise UserError(f"{self.folder / MANIFEST}: corrupt manifest (graph {g!r}: its {k} are not "
+                                    f"those of {files[g]})")
         self.providers = self.sessions["verify"].get_providers()
         inp = self.sessions["prefill"].get_inputs()
         self.kv_dtype = np.float16 if "float16" in inp[3].type else np.float32
@@ -115,6 +119,24 @@ class OrtBackend:
         return top_i, top_p.astype(np.float32, copy=False)
 
 
+def _session(folder: Path, files: dict, graph: str, options, providers):
+    """One ONNX Runtime session for ``graph``; a missing, unreadable or broken file is the
+    user's mistake, reported in one line naming the file."""
+    import onnxruntime as ort
+    if graph not in files:
+        raise UserError(f"{folder / MANIFEST}: corrupt manifest (no {graph!r} graph in the precision's files)")
+    path = folder / files[graph]
+    try:
+        with open(path, "rb"):      # names the cause ONNX Runtime's own message leaves out
+            pass
+        return ort.InferenceSession(str(path), options, providers=providers)
+    except OSError as e:
+        raise file_error(path, e) from None
+    except Exception as e:  # onnxruntime raises its own Fail/InvalidGraph types
+        msg = str(e).splitlines()[0][:200] if str(e) else ""
+        raise UserError(f"{path}: cannot load the ONNX graph ({type(e).__name__}: {msg})") from None
+
+
 def load_artifact_runtime(runtime_cls, folder, precision: str = "fp32", threads: int | None = None,
                           providers=None, provider_options=None, threads_default: int | None = None,
                           max_beam_width: int | None = None):
@@ -126,10 +148,10 @@ def load_artifact_runtime(runtime_cls, folder, precision: str = "fp32", threads:
     if tok_kind == "byte":
         tok = ByteTokenizer()
     elif tok_kind == "hf":
-        tok = HFTokenizer(Path(folder) / m["tokenizer"]["file"], be.config.eos_token_id)
+        tok = HFTokenizer(Path(folder) / str(m["tokenizer"].get("file", "tokenizer.json")), be.config.eos_token_id)
     else:
         raise UserError(f"{folder}: unknown tokenizer kind {tok_kind!r} in the manifest")
-    cap = int(m.get("max_beam_width", 8))
+    cap = m.get("max_beam_width", 8)
     if max_beam_width is not None:
         cap = min(cap, int(max_beam_width))
     return runtime_cls(be, tok, be.config, max_beam_width=cap)
