@@ -21,11 +21,12 @@ import os
 import platform
 import statistics
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
 import numpy as np
 
+from .decode_rules import PROFILE_DEFAULT_KEYS
 from .errors import UserError
 from .runtime.tree import DEFAULT_TREE
 
@@ -407,10 +408,8 @@ def tune(res: dict, backend: str = "ort", quality_budget: float = 0.0) -> dict:
 def overlay_profile(tuned: dict, base_profile, bench_json: str | None) -> dict:
     """A user profile that extends ``base_profile`` with the tuned decode defaults."""
     p = tuned["pick"]
-    decode = dict(base_profile.decode)
-    decode.update({"strategy": p["strategy"], "beam_width": int(p["beam_width_used"]), "threshold": float(p["threshold"])})
-    if p["strategy"] == "spd":
-        decode.update({"select": p["select"], "base": p["base"], "tree": p["tree"]})
+    picked = {**Config(**{f.name: p[f.name] for f in fields(Config)}).decode_kwargs(0), "beam_width": int(p["beam_width_used"])}
+    decode = {**base_profile.decode, **{k: picked[k] for k in PROFILE_DEFAULT_KEYS if k in picked}}
     return {"name": f"{base_profile.name}-tuned", "description": f"{base_profile.name} with decode defaults from bench --tune",
             "priority": base_profile.priority + 1, "match": dict(base_profile.match), "backends": list(base_profile.backends),
             "precision": base_profile.precision, "decode": decode, "memory": dict(base_profile.memory),

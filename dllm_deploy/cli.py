@@ -11,6 +11,7 @@ import signal
 import sys
 from pathlib import Path
 
+from .decode_rules import OPTIONS
 from .errors import UserError
 from .runtime.tree import DEFAULT_TREE, PRESETS
 
@@ -32,34 +33,29 @@ def _progress(total: int, label: str, enabled: bool):
     return advance
 
 
+def _bool_flag(text: str) -> bool:
+    if text.lower() not in ("true", "false", "1", "0"):
+        raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
+    return text.lower() in ("true", "1")
+
+
+_FLAG_TYPES = {"int": int, "float": float, "str": str, "bool": _bool_flag}
+_FLAG_OPTIONS = [o for o in OPTIONS.values() if o.runtime and o.flag]    # decode_options.json
+
+
 def _add_decode_flags(p: argparse.ArgumentParser) -> None:
     src = p.add_mutually_exclusive_group()
     src.add_argument("--model", default=None, help="'tiny' (bundled) or a Hugging Face folder; runs on torch")
     src.add_argument("--artifact", default=None, help="an exported artifact folder; runs on ONNX Runtime")
     p.add_argument("--precision", default=None, help="artifact precision variant (fp32, fp16, int8; default fp32)")
     p.add_argument("--profile", default="auto", help="device profile name, or 'auto' (detect)")
-    p.add_argument("--strategy", default=None, help="vanilla | threshold | spd (default: the profile's, else vanilla)")
-    p.add_argument("--gen-length", type=int, default=None, help="token budget per prompt (default 256)")
-    p.add_argument("--block-length", type=int, default=None, help="block length L (default 32)")
-    p.add_argument("--tokens-per-step", type=int, default=None, help="vanilla: tokens committed per step (k)")
-    p.add_argument("--steps", type=int, default=None, help="vanilla: LLaDA steps over the whole generation (>= 1)")
-    p.add_argument("--beam-width", type=int, default=None, help="spd: branches verified per forward (W)")
-    p.add_argument("--tree", default=None, help=f"spd: tree preset ({' | '.join(PRESETS)}; default {DEFAULT_TREE})")
-    p.add_argument("--threshold", type=float, default=None, help="threshold tau (default 0.9)")
-    p.add_argument("--draft-tau", type=float, default=None,
-                   help="spd: threshold the chain drafts commit at (threshold base, lossy mode; default: --threshold)")
-    p.add_argument("--select", default=None, help="spd: lossless | threshold")
-    p.add_argument("--base", default=None, help="spd lossless: vanilla | threshold")
-    p.add_argument("--candidates", type=int, default=None,
-                   help="spd --select threshold: draft this many tree nodes and verify the W most confident")
-    p.add_argument("--cache", default=None, help="none | prefix | dual | exact | auto")
+    for o in _FLAG_OPTIONS:
+        p.add_argument(o.flag, dest=o.name, type=_FLAG_TYPES[o.type], default=None, help=o.help)
     p.add_argument("--json", action="store_true", help="machine-readable output")
 
 
 def _decode_kwargs(a) -> dict:
-    return dict(strategy=a.strategy, gen_length=a.gen_length, block_length=a.block_length,
-                tokens_per_step=a.tokens_per_step, steps=a.steps, beam_width=a.beam_width, tree=a.tree,
-                threshold=a.threshold, draft_tau=a.draft_tau, select=a.select, base=a.base, cache=a.cache, candidates=a.candidates)
+    return {o.name: getattr(a, o.name) for o in _FLAG_OPTIONS}
 
 
 def _runtime(a):
@@ -445,7 +441,8 @@ def main(argv=None) -> int:
     try:
         return a.func(a)
     except UserError as e:
-        print(f"dllm-deploy: error: {e}", file=sys.stderr)
+        flag = getattr(e, "flag", None)      # an OptionError from a flag names it
+        print(f"dllm-deploy: error: {e}{f' ({flag})' if flag and flag not in str(e) else ''}", file=sys.stderr)
         return 2
     except BrokenPipeError:  # `dllm-deploy ... | head`
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())

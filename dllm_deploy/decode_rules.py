@@ -1,60 +1,121 @@
-"""The value rules of decode options, in one place below both of their readers: ``decode_config``
-(the runtime, for flags and API keywords) and the profile loader (for a profile's ``decode:``
-section, which it checks when the file is read, before any runtime exists).
+"""The decode options, declared once in ``decode_options.json`` (shipped with the package; the C++
+build generates its header from the same file), and the value rules built from it. Below both of
+their readers: ``decode_config`` (the runtime, for flags and API keywords) and the profile loader
+(for a profile's ``decode:`` section, which it checks when the file is read, before any runtime exists).
 
-    problem("beam_width", 0)   'beam width must be >= 1, got 0'
-    problem("beam_width", 4)   None
+    problem("beam_width", 0)        'beam width must be >= 1, got 0'
+    problem("beam_width", 4)        None
+    option_error("top_k", 5).code   'unsupported'  (declared, not implemented yet)
 """
 from __future__ import annotations
 
+import json
+from dataclasses import dataclass
 from numbers import Integral, Real
+from pathlib import Path
 
-STRATEGIES = ("vanilla", "threshold", "spd")
-SELECTS = ("lossless", "threshold")
-BASES = ("vanilla", "threshold")
-PRESETS = ("chain", "binary", "wide", "fork")      # spd tree shapes (runtime/tree.py builds them)
+from .errors import OptionError
 
-
-def _one_of(name: str, allowed: tuple, expected: str | None = None):
-    expected = expected or f"one of {', '.join(allowed)}"
-    return lambda v: None if isinstance(v, str) and v in allowed else f"unknown {name} {v!r} (expected {expected})"
+DECLARATION = Path(__file__).resolve().parent / "decode_options.json"
 
 
-def _at_least(name: str, low: int):
-    def rule(v):
-        if not isinstance(v, Integral) or isinstance(v, bool):
-            return f"{name} must be an integer, got {v!r}"
-        return None if v >= low else f"{name} must be >= {low}, got {v}"
-    return rule
+@dataclass(frozen=True)
+class Option:
+    """One declared decode option (the fields: the "about" text of decode_options.json)."""
+    name: str
+    type: str                       # int | float | str | bool
+    default: object
+    help: str
+    flag: str | None = None
+    label: str | None = None
+    nullable: bool = False
+    min: float | None = None
+    max: float | None = None
+    min_exclusive: bool = False
+    max_exclusive: bool = False
+    choices: tuple | None = None
+    profile: str | bool = False     # "default" | "engine" | False
+    runtime: bool = True
+    cpp: bool = False
+    implemented: bool = True
+
+    @property
+    def called(self) -> str:
+        """What messages call it."""
+        return self.label or self.name.replace("_", " ")
+
+    @property
+    def pytype(self) -> type:
+        return {"int": int, "float": float, "str": str, "bool": bool}[self.type]
 
 
-def _unit(name: str):
-    def rule(v):
-        ok = isinstance(v, Real) and not isinstance(v, bool) and 0.0 < v <= 1.0
-        return None if ok else f"{name} must be in (0, 1], got {v}"
-    return rule
+def _load() -> dict[str, Option]:
+    raw = json.loads(DECLARATION.read_text(encoding="utf-8"))["options"]
+    return {o["name"]: Option(**{**o, "choices": tuple(o["choices"]) if "choices" in o else None}) for o in raw}
 
 
-RULES = {
-    "strategy": _one_of("strategy", STRATEGIES),
-    "select": _one_of("selection", SELECTS),
-    "base": _one_of("base rule", BASES, "vanilla or threshold"),
-    "tree": _one_of("tree preset", PRESETS),
-    "threshold": _unit("threshold"),
-    "draft_tau": _unit("draft tau"),
-    "beam_width": _at_least("beam width", 1),
-    "max_beam_width": _at_least("max beam width", 1),
-    "tokens_per_step": _at_least("tokens per step", 1),
-    "steps": _at_least("--steps", 1),
-    "candidates": _at_least("candidates", 0),
-    "block_length": _at_least("block length", 1),
-    "gen_length": _at_least("gen length", 1),
-    "max_seq": _at_least("max seq", 1),
-    "batch": _at_least("batch", 1),
-}
+OPTIONS: dict[str, Option] = _load()
+RUNTIME_OPTIONS = tuple(n for n, o in OPTIONS.items() if o.runtime)            # decode_config keywords
+PROFILE_KEYS = tuple(n for n, o in OPTIONS.items() if o.profile)                # keys of a profile's decode:
+PROFILE_DEFAULT_KEYS = tuple(n for n, o in OPTIONS.items() if o.profile == "default")  # ... that default decoding
+
+STRATEGIES = OPTIONS["strategy"].choices
+SELECTS = OPTIONS["select"].choices
+BASES = OPTIONS["base"].choices
+PRESETS = OPTIONS["tree"].choices      # spd tree shapes (runtime/tree.py builds them)
+
+
+def _num(x) -> str:
+    return str(int(x)) if float(x).is_integer() else str(x)
+
+
+def range_text(o: Option) -> str:
+    """'in (0, 1]', '>= 1', ...: the declared range in words."""
+    if o.min is not None and o.max is not None:
+        return f"in {'(' if o.min_exclusive else '['}{_num(o.min)}, {_num(o.max)}{')' if o.max_exclusive else ']'}"
+    if o.min is not None:
+        return f"{'>' if o.min_exclusive else '>='} {_num(o.min)}"
+    return f"{'<' if o.max_exclusive else '<='} {_num(o.max)}"
+
+
+def _in_range(o: Option, v) -> bool:
+    low = o.min is None or (v > o.min if o.min_exclusive else v >= o.min)
+    return low and (o.max is None or (v < o.max if o.max_exclusive else v <= o.max))
+
+
+def _bad_value(o: Option, v) -> str | None:
+    """The declared type, choices and range of ``o`` against ``v`` (not None)."""
+    if o.choices is not None:
+        ok = isinstance(v, str) and v in o.choices
+        return None if ok else f"unknown {o.called} {v!r} (expected one of {', '.join(o.choices)})"
+    if o.type == "bool":
+        return None if isinstance(v, bool) else f"{o.called} must be true or false, got {v!r}"
+    if o.type == "str":
+        return None if isinstance(v, str) else f"{o.called} must be a string, got {v!r}"
+    number = Integral if o.type == "int" else Real
+    if not isinstance(v, number) or isinstance(v, bool):
+        return f"{o.called} must be {'an integer' if o.type == 'int' else 'a number'}, got {v!r}"
+    if (o.min is not None or o.max is not None) and not _in_range(o, v):
+        return f"{o.called} must be {range_text(o)}, got {v}"
+    return None
+
+
+def option_error(key: str, value, flag: str | None = None) -> OptionError | None:
+    """The OptionError for ``value`` of decode option ``key`` (None: fine, or not given).
+    A declared option that is not implemented yet accepts its default only (code "unsupported")."""
+    o = OPTIONS.get(key)
+    if o is None or value is None:
+        return None
+    msg = _bad_value(o, value)
+    if msg:
+        return OptionError("bad_option", key, msg, flag)
+    if not o.implemented and value != o.default:
+        return OptionError("unsupported", key, f"{o.called} is not implemented yet (only {_num(o.default)} is "
+                                               f"accepted), got {value}", flag)
+    return None
 
 
 def problem(key: str, value) -> str | None:
     """What is wrong with ``value`` for decode option ``key`` (None: nothing, or not given)."""
-    rule = RULES.get(key)
-    return None if rule is None or value is None else rule(value)
+    err = option_error(key, value)
+    return None if err is None else str(err)

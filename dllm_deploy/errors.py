@@ -19,3 +19,13 @@ def file_error(path: str | Path, e: OSError, what: str = "") -> UserError:
     problem as a missing file."""
     reason = _REASONS.get(e.errno) or (e.strerror or type(e).__name__).lower()
     return UserError(f"{path}: {what + ': ' if what else ''}{reason}")
+
+
+class OptionError(UserError):
+    """A bad decode option. ``code`` is shared with the C ABI (dllm_code_name): "unknown_option",
+    "bad_option" (wrong type, range or choice) or "unsupported" (declared, not implemented yet);
+    ``key`` is the option's name; ``flag`` the CLI flag when the value came from one."""
+
+    def __init__(self, code: str, key: str, message: str, flag: str | None = None):
+        super().__init__(message)
+        self.code, self.key, self.flag = code, key, flag

@@ -18,8 +18,8 @@ from pathlib import Path
 
 import yaml
 
-from ..decode_rules import problem
-from ..errors import UserError, file_error
+from ..decode_rules import OPTIONS, PROFILE_KEYS, option_error
+from ..errors import OptionError, UserError, file_error
 
 BUNDLED = Path(__file__).resolve().parent
 
@@ -31,8 +31,7 @@ _SCHEMA = {
 }
 _MATCH = {"kind": str, "arch": list, "gpu_name": list, "min_memory_gb": NUM, "max_memory_gb": NUM}
 _DEVICE = {"memory_gb": NUM, "compute_capability": str, "shared_host_memory": bool}
-_DECODE = {"block_length": int, "beam_width": int, "max_beam_width": int, "threshold": float, "max_seq": int, "batch": int,
-           "strategy": str, "select": str, "base": str, "tree": str}
+_DECODE = {k: OPTIONS[k].pytype for k in PROFILE_KEYS}    # decode_options.json: the options with "profile"
 _MEMORY = {"fraction": float, "reserve_mb": int}
 _TRT = {"workspace_mb": int, "opt_level": int, "hardware_compatibility": str}
 _ORT = {"intra_op_threads": int, "provider_options": dict}
@@ -104,9 +103,9 @@ def parse_profile(raw: dict, source: str) -> Profile:
         raise UserError(f"{source}: trt.opt_level must be 0..5")
     d = raw.get("decode", {})
     for key, value in d.items():
-        msg = problem(key, value)
-        if msg:
-            raise UserError(f"{source}: decode.{key}: {msg}")
+        err = option_error(key, value)
+        if err:
+            raise OptionError(err.code, key, f"{source}: decode.{key}: {err}")
     for section, key in (("memory", "reserve_mb"), ("ort", "intra_op_threads")):
         value = raw.get(section, {}).get(key, 0)
         if value < 0:

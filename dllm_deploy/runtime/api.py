@@ -3,24 +3,26 @@ from __future__ import annotations
 
 from dataclasses import fields
 
-from ..decode_rules import problem
-from ..errors import UserError
+from ..decode_rules import OPTIONS, PROFILE_DEFAULT_KEYS, RUNTIME_OPTIONS, option_error
+from ..errors import OptionError, UserError
 from .loop import Decoder, RowResult
 from .strategies import DecodeConfig
 
-_DECODE_FIELDS = [f.name for f in fields(DecodeConfig)]     # in order: the first bad option is reported
+_FIELDS = [f.name for f in fields(DecodeConfig)]
+_KEYWORDS = list(dict.fromkeys([*RUNTIME_OPTIONS, *_FIELDS]))   # declared options first: the first bad one is reported
 
 
 def decode_config(**kw) -> DecodeConfig:
-    """DecodeConfig from keyword arguments (None = default), with the checks a user needs."""
-    unknown = set(kw) - set(_DECODE_FIELDS)
+    """DecodeConfig from keyword arguments (None = default), with the checks a user needs. A
+    declared option that is not implemented yet is checked (its default only) and not passed on."""
+    unknown = sorted(set(kw) - set(_KEYWORDS))
     if unknown:
-        raise UserError(f"unknown decode option(s): {', '.join(sorted(unknown))}")
-    cfg = DecodeConfig(**{k: v for k, v in kw.items() if v is not None})
-    for name in _DECODE_FIELDS:
-        msg = problem(name, getattr(cfg, name))
-        if msg:
-            raise UserError(msg)
+        raise OptionError("unknown_option", unknown[0], f"unknown decode option(s): {', '.join(unknown)}")
+    for name in _KEYWORDS:
+        err = option_error(name, kw.get(name), OPTIONS[name].flag if name in OPTIONS else None)
+        if err:
+            raise err
+    cfg = DecodeConfig(**{k: v for k, v in kw.items() if v is not None and k in _FIELDS})
     if cfg.candidates and not (cfg.strategy == "spd" and cfg.select == "threshold"):
         raise UserError("--candidates prunes the drafts of spd --select threshold only")
     return cfg
@@ -77,14 +79,12 @@ class Runtime:
         be = TorchBackend.load(model or "tiny", device=device)
         return cls(be, load_tokenizer(resolve_model_dir(model or "tiny"), be.config.eos_token_id), be.config)
 
-    #: decode options a profile (or a `bench --tune` overlay) may default
-    PROFILE_DECODE_KEYS = ("strategy", "beam_width", "threshold", "select", "base", "tree")
-
     def decode_defaults(self) -> dict:
-        """The profile's decode defaults that apply to this runtime (empty for the torch backend)."""
+        """The profile's decode defaults that apply to this runtime (empty for the torch backend): the
+        keys decode_options.json marks "profile": "default" (a `bench --tune` overlay writes them too)."""
         if self.profile is None:
             return {}
-        return {k: self.profile.decode[k] for k in self.PROFILE_DECODE_KEYS if k in self.profile.decode}
+        return {k: self.profile.decode[k] for k in PROFILE_DEFAULT_KEYS if k in self.profile.decode}
 
     def decode_config(self, **decode) -> DecodeConfig:
         """A DecodeConfig where options left as None take the profile's defaults, then the built-in ones."""
