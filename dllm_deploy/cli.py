@@ -50,7 +50,7 @@ def _add_decode_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--precision", default=None, help="artifact precision variant (fp32, fp16, int8; default fp32)")
     p.add_argument("--profile", default="auto", help="device profile name, or 'auto' (detect)")
     for o in _FLAG_OPTIONS:
-        p.add_argument(o.flag, dest=o.name, type=_FLAG_TYPES[o.type], default=None, help=o.help)
+        p.add_argument(o.flag, dest=o.name, type=_FLAG_TYPES[o.type], default=None, help=o.help_text(profiles=True))
     p.add_argument("--json", action="store_true", help="machine-readable output")
 
 

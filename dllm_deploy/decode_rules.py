@@ -44,6 +44,15 @@ class Option:
         """What messages call it."""
         return self.label or self.name.replace("_", " ")
 
+    def help_text(self, profiles: bool = False) -> str:
+        """The help, with the default unless the help speaks of it (dllm-generate prints the same;
+        ``profiles``: a runtime with device profiles, whose decode defaults come first)."""
+        if self.default is None or "default" in self.help:
+            return self.help
+        default = self.default if self.type == "str" else _num(self.default)
+        where = "the profile's, else " if profiles and self.profile == "default" else ""
+        return f"{self.help} (default: {where}{default})"
+
     @property
     def pytype(self) -> type:
         return {"int": int, "float": float, "str": str, "bool": bool}[self.type]

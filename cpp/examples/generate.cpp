@@ -9,7 +9,8 @@
 // starts with a double quote is a JSON string ("upper: air\n" carries its newline), any other
 // line is taken as is (without its line ending); blank lines are skipped. A prompt holding a NUL
 // byte is refused (FILE:LINE); invalid UTF-8 is read as U+FFFD, as `dllm-deploy generate` does.
-// A user error prints one line on stderr and exits with 2 (1 for an internal error).
+// A user error prints one line on stderr and exits with 2 (1 for an internal error). The decode
+// flags are the declared options' (dllm_option_info): a new option needs no code here.
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
@@ -26,11 +27,29 @@
 namespace {
 
 const char* kUsage =
-    "usage: dllm-generate --artifact DIR (--prompt TEXT | --prompts-file FILE) [--strategy vanilla|threshold|spd]\n"
-    "                     [--gen-length N] [--block-length L] [--tokens-per-step K] [--steps S]\n"
-    "                     [--beam-width W] [--max-beam-width W] [--tree chain|binary|wide|fork] [--threshold TAU]\n"
-    "                     [--draft-tau TAU] [--select lossless|threshold] [--base vanilla|threshold]\n"
-    "                     [--cache auto|none|exact|prefix|dual] [--precision fp32|int8] [--threads N] [--no-verify] [--json]\n";
+    "usage: dllm-generate --artifact DIR (--prompt TEXT | --prompts-file FILE) [--max-beam-width W]\n"
+    "                     [--precision fp32|int8] [--threads N] [--no-verify] [--json] [DECODE OPTIONS]\n"
+    "decode options:\n";
+
+// The usage line of every declared decode option with a flag.
+std::string usage() {
+  std::string out = kUsage;
+  for (size_t i = 0; i < dllm_option_count(); ++i) {
+    const std::string flag = dllm_option_info(i, "flag");
+    if (flag.empty()) continue;
+    const std::string help = dllm_option_info(i, "help"), fallback = dllm_option_info(i, "default");
+    const bool quiet = fallback == "null" || help.find("default") != std::string::npos;  // decode_rules.Option.help_text
+    out += "  " + flag + " " + dllm_option_info(i, "type") + "  " + help + (quiet ? "" : " (default: " + fallback + ")") + "\n";
+  }
+  return out;
+}
+
+// The decode option whose flag is `flag`, or "" when it is not a decode flag.
+std::string option_of(const std::string& flag) {
+  for (size_t i = 0; i < dllm_option_count(); ++i)
+    if (flag == dllm_option_info(i, "flag")) return dllm_option_info(i, "name");
+  return "";
+}
 
 struct UsageError {
   std::string message;
@@ -48,13 +67,6 @@ int to_int(const std::string& flag, const std::string& v) {
 int at_least_1(const std::string& flag, const std::string& v) {
   const int x = to_int(flag, v);
   if (x < 1) throw UsageError{"argument " + flag + ": must be >= 1, got " + v};
-  return x;
-}
-
-double to_double(const std::string& flag, const std::string& v) {
-  char* end = nullptr;
-  double x = std::strtod(v.c_str(), &end);
-  if (v.empty() || *end != '\0') throw UsageError{"argument " + flag + ": invalid float value: '" + v + "'"};
   return x;
 }
 
@@ -98,16 +110,27 @@ std::vector<std::string> read_prompts(const std::string& path) {
   return prompts;
 }
 
+// An option error names the flag it came from.
+void set_option(dllm::Options& options, const std::string& name, const std::string& flag, const std::string& value) {
+  try {
+    options.set(name, value);
+  } catch (const dllm::Error& e) {
+    const std::string message = e.what();
+    throw dllm::Error(e.code(), message.find(flag) == std::string::npos ? message + " (" + flag + ")" : message,
+                      e.key());
+  }
+}
+
 int run(int argc, char** argv) {
   std::string artifact, prompt, prompts_file;
   bool have_prompt = false, json = false;
   dllm::RuntimeOptions ropt;
   ropt.warnings_to_stderr = false;  // printed below with this program's prefix
-  dllm::DecodeConfig cfg;
+  dllm::Options cfg;
   for (int i = 1; i < argc; ++i) {
     const std::string flag = argv[i];
     if (flag == "-h" || flag == "--help") {
-      std::cout << kUsage;
+      std::cout << usage();
       return 0;
     }
     if (flag == "--json") {
@@ -123,19 +146,8 @@ int run(int argc, char** argv) {
     if (flag == "--artifact") artifact = v;
     else if (flag == "--prompt") prompt = v, have_prompt = true;
     else if (flag == "--prompts-file") prompts_file = v;
-    else if (flag == "--strategy") cfg.strategy = v;
-    else if (flag == "--gen-length") cfg.gen_length = to_int(flag, v);
-    else if (flag == "--block-length") cfg.block_length = to_int(flag, v);
-    else if (flag == "--tokens-per-step") cfg.tokens_per_step = to_int(flag, v);
-    else if (flag == "--steps") cfg.steps = at_least_1(flag, v);
-    else if (flag == "--beam-width") cfg.beam_width = to_int(flag, v);
     else if (flag == "--max-beam-width") ropt.max_beam_width = at_least_1(flag, v);
-    else if (flag == "--tree") cfg.tree = v;
-    else if (flag == "--threshold") cfg.threshold = to_double(flag, v);
-    else if (flag == "--draft-tau") cfg.draft_tau = to_double(flag, v);
-    else if (flag == "--select") cfg.select = v;
-    else if (flag == "--base") cfg.base = v;
-    else if (flag == "--cache") cfg.cache = v;
+    else if (const std::string name = option_of(flag); !name.empty()) set_option(cfg, name, flag, v);
     else if (flag == "--precision") ropt.precision = v;
     else if (flag == "--threads") ropt.intra_op_threads = to_int(flag, v);
     else throw UsageError{"unrecognized argument: " + flag};

@@ -8,6 +8,7 @@
 #include "decoder.hpp"
 #include "dllm_deploy/dllm.h"
 #include "error.hpp"
+#include "options.hpp"
 #include "ort_backend.hpp"
 #include "tokenizer.hpp"
 
@@ -18,6 +19,11 @@
 struct dllm_error {
   dllm_code code;
   std::string message;
+  std::string key;  // the decode option of an option error
+};
+
+struct dllm_options {
+  dllm::detail::DecodeOptions options;
 };
 
 struct dllm_runtime {
@@ -34,7 +40,7 @@ namespace {
 using dllm::detail::Failure;
 
 // Returned when even the error object cannot be allocated; dllm_error_free ignores it.
-dllm_error g_out_of_memory{DLLM_ERROR_OUT_OF_MEMORY, std::string()};
+dllm_error g_out_of_memory{DLLM_ERROR_OUT_OF_MEMORY, std::string(), std::string()};
 
 // A message is one line of valid UTF-8 even when it quotes a corrupt manifest's bytes: invalid
 // UTF-8 becomes U+FFFD, control characters (a newline in a key) become \xNN.
@@ -53,9 +59,9 @@ std::string one_line(const char* message) {
   return out;
 }
 
-dllm_error* make_error(dllm_code code, const char* message) noexcept {
+dllm_error* make_error(dllm_code code, const char* message, const std::string& key = std::string()) noexcept {
   try {
-    return new dllm_error{code, one_line(message)};
+    return new dllm_error{code, one_line(message), key};
   } catch (...) {
     return &g_out_of_memory;
   }
@@ -67,7 +73,7 @@ dllm_error* guarded(F&& f) noexcept {
     f();
     return nullptr;
   } catch (const Failure& e) {
-    return make_error(e.code, e.what());
+    return make_error(e.code, e.what(), e.key);
   } catch (const std::bad_alloc&) {
     return make_error(DLLM_ERROR_OUT_OF_MEMORY, "out of memory");
   } catch (const std::exception& e) {
@@ -78,6 +84,27 @@ dllm_error* guarded(F&& f) noexcept {
 }
 
 std::string or_default(const char* s, const char* fallback) { return s ? std::string(s) : std::string(fallback); }
+
+// The declared default of option `name` as text (static storage: the generated table's).
+const char* default_text(const char* name) {
+  for (size_t i = 0; i < dllm::detail::option_count(); ++i)
+    if (std::strcmp(dllm::detail::option_at(i).name, name) == 0) return dllm::detail::option_at(i).default_text;
+  return "";
+}
+
+dllm_error* generate_with(dllm_runtime* rt, const char* prompt, const dllm::detail::DecodeOptions& d,
+                          dllm_result** out) {
+  return guarded([&] {
+    if (!out) dllm::detail::user_error("dllm_runtime_generate: out is NULL");
+    *out = nullptr;
+    if (!rt) dllm::detail::user_error("dllm_runtime_generate: runtime is NULL");
+    if (!prompt) dllm::detail::user_error("dllm_runtime_generate: prompt is NULL");
+    auto res = std::make_unique<dllm_result>();
+    res->row = rt->engine->generate(prompt, d);
+    res->json = res->row.to_json();
+    *out = res.release();
+  });
+}
 
 }  // namespace
 
@@ -90,6 +117,22 @@ const char* dllm_error_message(const dllm_error* err) {
 }
 void dllm_error_free(dllm_error* err) {
   if (err != &g_out_of_memory) delete err;
+}
+const char* dllm_error_key(const dllm_error* err) { return err ? err->key.c_str() : ""; }
+
+const char* dllm_code_name(dllm_code code) {
+  switch (code) {
+    case DLLM_OK: return "ok";
+    case DLLM_ERROR_INVALID_ARGUMENT: return "invalid_argument";
+    case DLLM_ERROR_ARTIFACT: return "artifact";
+    case DLLM_ERROR_UNSUPPORTED: return "unsupported";
+    case DLLM_ERROR_ONNXRUNTIME: return "onnxruntime";
+    case DLLM_ERROR_INTERNAL: return "internal";
+    case DLLM_ERROR_OUT_OF_MEMORY: return "out_of_memory";
+    case DLLM_ERROR_UNKNOWN_OPTION: return "unknown_option";
+    case DLLM_ERROR_BAD_OPTION: return "bad_option";
+  }
+  return "unknown";
 }
 
 const char* dllm_version(void) { return DLLM_VERSION; }
@@ -139,63 +182,89 @@ int32_t dllm_runtime_max_beam_width(const dllm_runtime* rt) { return rt ? rt->en
 
 void dllm_decode_config_init(dllm_decode_config* c) {
   if (!c) return;
-  const dllm::detail::DecodeOptions d;  // the Python DecodeConfig defaults live there
+  const dllm::detail::DecodeOptions d;  // the declared defaults (decode_options.json)
   std::memset(c, 0, sizeof *c);
   c->struct_size = sizeof *c;
-  c->strategy = "vanilla";
+  c->strategy = default_text("strategy");
   c->gen_length = d.gen_length;
   c->block_length = d.block_length;
   c->tokens_per_step = d.tokens_per_step;
   c->steps = DLLM_STEPS_UNSET;
   c->threshold = d.threshold;
   c->beam_width = d.beam_width;
-  c->tree = "fork";
-  c->select = "lossless";
-  c->base = "vanilla";
-  c->draft_tau = d.draft_tau;
+  c->tree = default_text("tree");
+  c->select = default_text("select");
+  c->base = default_text("base");
+  c->draft_tau = d.draft_tau.value_or(0.0);
   c->schedule_init = d.schedule.init;
   c->schedule_decay = d.schedule.decay;
   c->schedule_floor = d.schedule.floor;
   c->schedule_end_tokens = d.schedule.end_tokens;
-  c->cache = "auto";
+  c->cache = default_text("cache");
 }
 
 dllm_error* dllm_runtime_generate(dllm_runtime* rt, const char* prompt, const dllm_decode_config* cfg,
                                   dllm_result** out) {
+  if (out) *out = nullptr;
+  dllm::detail::DecodeOptions d;
+  if (dllm_error* err = guarded([&] {
+        dllm_decode_config c;
+        dllm_decode_config_init(&c);
+        if (cfg) {
+          if (cfg->struct_size < sizeof c)
+            dllm::detail::user_error("dllm_decode_config.struct_size is too small: fill it with dllm_decode_config_init");
+          c = *cfg;
+        }
+        d.strategy = or_default(c.strategy, default_text("strategy"));
+        d.gen_length = c.gen_length;
+        d.block_length = c.block_length;
+        d.tokens_per_step = c.tokens_per_step;
+        if (c.steps != DLLM_STEPS_UNSET) d.steps = c.steps;
+        d.threshold = c.threshold;
+        d.beam_width = c.beam_width;
+        d.tree = or_default(c.tree, default_text("tree"));
+        d.select = or_default(c.select, default_text("select"));
+        d.base = or_default(c.base, default_text("base"));
+        if (c.draft_tau != 0.0) d.draft_tau = c.draft_tau;  // 0: unset (draft at the threshold)
+        d.schedule.init = c.schedule_init;
+        d.schedule.decay = c.schedule_decay;
+        d.schedule.floor = c.schedule_floor;
+        d.schedule.end_tokens = c.schedule_end_tokens;
+        d.cache = or_default(c.cache, default_text("cache"));
+      }))
+    return err;
+  return generate_with(rt, prompt, d, out);
+}
+
+dllm_options* dllm_options_create(void) { return new (std::nothrow) dllm_options(); }
+void dllm_options_destroy(dllm_options* opts) { delete opts; }
+
+dllm_error* dllm_options_set(dllm_options* opts, const char* name, const char* value) {
   return guarded([&] {
-    if (!out) dllm::detail::user_error("dllm_runtime_generate: out is NULL");
-    *out = nullptr;
-    if (!rt) dllm::detail::user_error("dllm_runtime_generate: runtime is NULL");
-    if (!prompt) dllm::detail::user_error("dllm_runtime_generate: prompt is NULL");
-    dllm_decode_config c;
-    dllm_decode_config_init(&c);
-    if (cfg) {
-      if (cfg->struct_size < sizeof c)
-        dllm::detail::user_error("dllm_decode_config.struct_size is too small: fill it with dllm_decode_config_init");
-      c = *cfg;
-    }
-    dllm::detail::DecodeOptions d;
-    d.strategy = or_default(c.strategy, "vanilla");
-    d.gen_length = c.gen_length;
-    d.block_length = c.block_length;
-    d.tokens_per_step = c.tokens_per_step;
-    if (c.steps != DLLM_STEPS_UNSET) d.steps = c.steps;
-    d.threshold = c.threshold;
-    d.beam_width = c.beam_width;
-    d.tree = or_default(c.tree, "fork");
-    d.select = or_default(c.select, "lossless");
-    d.base = or_default(c.base, "vanilla");
-    d.draft_tau = c.draft_tau;
-    d.schedule.init = c.schedule_init;
-    d.schedule.decay = c.schedule_decay;
-    d.schedule.floor = c.schedule_floor;
-    d.schedule.end_tokens = c.schedule_end_tokens;
-    d.cache = or_default(c.cache, "auto");
-    auto res = std::make_unique<dllm_result>();
-    res->row = rt->engine->generate(prompt, d);
-    res->json = res->row.to_json();
-    *out = res.release();
+    if (!opts || !name || !value) dllm::detail::user_error("dllm_options_set: opts, name and value must not be NULL");
+    dllm::detail::set_option(opts->options, name, value);
   });
+}
+
+size_t dllm_option_count(void) { return dllm::detail::option_count(); }
+
+const char* dllm_option_info(size_t index, const char* field) {
+  if (index >= dllm::detail::option_count() || !field) return nullptr;
+  const dllm::detail::OptionSpec& o = dllm::detail::option_at(index);
+  static const char* const kTypes[] = {"int", "float", "str", "bool"};
+  const std::string f = field;
+  if (f == "name") return o.name;
+  if (f == "flag") return o.flag;
+  if (f == "type") return kTypes[static_cast<int>(o.type)];
+  if (f == "default") return o.default_text;
+  if (f == "choices") return o.choices;
+  if (f == "help") return o.help;
+  return nullptr;
+}
+
+dllm_error* dllm_runtime_generate_options(dllm_runtime* rt, const char* prompt, const dllm_options* opts,
+                                          dllm_result** out) {
+  return generate_with(rt, prompt, opts ? opts->options : dllm::detail::DecodeOptions(), out);
 }
 
 void dllm_result_destroy(dllm_result* res) { delete res; }

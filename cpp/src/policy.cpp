@@ -2,8 +2,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstdio>
-#include <cstdlib>
 
 #include "error.hpp"
 
@@ -12,39 +10,6 @@ namespace dllm::detail {
 double Schedule::tau(int64_t step, int64_t masked_left) const {
   if (masked_left <= end_tokens) return init;
   return std::max(floor, init * std::pow(decay, static_cast<double>(step)));
-}
-
-namespace {
-std::string fmt(double v) {
-  // Python's f"{v}" for the error messages below
-  char buf[64];
-  std::snprintf(buf, sizeof buf, "%.17g", v);
-  for (int prec = 1; prec <= 17; ++prec) {
-    std::snprintf(buf, sizeof buf, "%.*g", prec, v);
-    if (std::strtod(buf, nullptr) == v) break;
-  }
-  std::string s = buf;
-  if (s.find_first_of(".eEn") == std::string::npos) s += ".0";
-  return s;
-}
-}  // namespace
-
-void validate(const DecodeOptions& c) {
-  if (c.strategy != "vanilla" && c.strategy != "threshold" && c.strategy != "spd")
-    user_error("unknown strategy " + quoted(c.strategy) + " (expected one of vanilla, threshold, spd)");
-  if (c.select != "lossless" && c.select != "threshold")
-    user_error("unknown selection " + quoted(c.select) + " (expected one of lossless, threshold)");
-  if (c.base != "vanilla" && c.base != "threshold")
-    user_error("unknown base rule " + quoted(c.base) + " (expected vanilla or threshold)");
-  if (!(c.threshold > 0.0 && c.threshold <= 1.0)) user_error("threshold must be in (0, 1], got " + fmt(c.threshold));
-  if (!(c.draft_tau >= 0.0 && c.draft_tau <= 1.0))  // 0 is the C ABI's "unset": draft at the threshold
-    user_error("draft tau must be in (0, 1], got " + fmt(c.draft_tau));  // Python's message, word for word
-  if (c.beam_width < 1) user_error("beam width must be >= 1, got " + std::to_string(c.beam_width));
-  if (c.tokens_per_step < 1) user_error("tokens per step must be >= 1, got " + std::to_string(c.tokens_per_step));
-  if (c.tree != "chain" && c.tree != "binary" && c.tree != "wide" && c.tree != "fork")
-    user_error("unknown tree preset " + quoted(c.tree) + " (expected one of chain, binary, wide, fork)");
-  if (c.steps && *c.steps < 1) user_error("steps must be >= 1, got " + std::to_string(*c.steps));
-  if (c.block_length < 1 || c.gen_length < 1) user_error("block length and gen length must be >= 1");
 }
 
 TreeSpec make_tree(const std::string& preset, int width) {
@@ -194,7 +159,7 @@ void Policy::plan(const int64_t* state, const int64_t* top_ids, const float* top
     } else if (rule_.vanilla) {
       take = std::max<int64_t>(1, rule_.count(L_, dstep));
     } else {
-      const float tau = static_cast<float>(has_draft_tau_ && cfg_.draft_tau > 0.0 ? cfg_.draft_tau : rule_.tau);
+      const float tau = static_cast<float>(has_draft_tau_ && cfg_.draft_tau ? *cfg_.draft_tau : rule_.tau);
       int64_t above = 0;
       for (int r = 0; r < n_masked; ++r) above += p1_[ranked_[r]] >= tau;
       take = std::max<int64_t>(1, above);

@@ -14,6 +14,8 @@
 #include <string>
 #include <vector>
 
+#include "decode_options.gen.hpp"
+
 namespace dllm::detail {
 
 struct Schedule {           // SPD's lossy-mode tau ("confidence game", DESIGN ยง2)
@@ -24,24 +26,11 @@ struct Schedule {           // SPD's lossy-mode tau ("confidence game", DESIGN ย
   double tau(int64_t step, int64_t masked_left) const;
 };
 
-struct DecodeOptions {      // = Python's DecodeConfig (runtime/strategies.py)
-  std::string strategy = "vanilla";  // vanilla | threshold | spd
-  int gen_length = 256;              // token budget per prompt (rounded up to whole blocks)
-  int block_length = 32;             // L
-  int tokens_per_step = 1;           // vanilla: k per step
-  std::optional<int> steps;          // vanilla: LLaDA steps over gen_length (>= 1); unset = None
-  double threshold = 0.9;            // threshold rule tau (and the spd threshold base)
-  int beam_width = 4;                // spd: W
-  std::string tree = "fork";         // spd tree preset: chain | binary | wide | fork
-  std::string select = "lossless";   // spd: lossless | threshold
-  std::string base = "vanilla";      // spd lossless base rule: vanilla | threshold
-  double draft_tau = 0.0;            // spd: threshold chain drafts use (0: the threshold)
-  Schedule schedule;                 // spd lossy mode tau
-  std::string cache = "auto";        // auto | none | exact | prefix | dual (loop.py::resolve_cache)
+// = Python's DecodeConfig (runtime/strategies.py): the declared options (decode_options.gen.hpp,
+// generated from dllm_deploy/decode_options.json; checked by validate in options.hpp) + the schedule.
+struct DecodeOptions : DecodeOptionFields {
+  Schedule schedule;  // spd lossy mode tau
 };
-
-// Mirrors dllm_deploy.runtime.api.decode_config's checks (same messages).
-void validate(const DecodeOptions& cfg);
 
 enum NodeKind { kChain = 0, kRunnerUp = 1, kConservative = 2, kAltPosition = 3 };
 

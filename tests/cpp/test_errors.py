@@ -1,5 +1,6 @@
 """Bad input: a one-line message on stderr and exit code 2, never a crash; the same messages as
-the Python runtime where both say something. The whole set runs once more under AddressSanitizer."""
+the Python runtime where both say something, and for a decode option the same error code and key
+(the words are each runtime's own). The whole set runs once more under AddressSanitizer."""
 from __future__ import annotations
 
 import ctypes
@@ -9,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from dllm_deploy.errors import UserError
+from dllm_deploy.decode_rules import OPTIONS
+from dllm_deploy.errors import OptionError, UserError
 
 from .conftest import run_generate
 
@@ -58,7 +60,8 @@ def bad_artifacts(tiny_artifact, tmp_path_factory):
 
 
 
-# (artifact key, extra flags, expected text in the message, does Python say the same?)
+# (artifact key, extra flags, expected text in the message, does Python say the same? "option": the
+# same OptionError code and key, the message naming the option's flag)
 CASES = {
     "missing artifact": ("missing", [], "no such artifact folder", True),
     "no manifest": ("no-manifest", [], "not an artifact (no manifest.json)", True),
@@ -70,37 +73,44 @@ CASES = {
     "hf tokenizer": ("hf", [], "not supported in C++ yet", False),
     "prompt over max_seq": ("good", ["--prompt", "x" * 480], "exceeds the model's max_seq 512", True),
     "empty prompt": ("good", ["--prompt", ""], "empty prompt", True),
-    "unknown strategy": ("good", ["--strategy", "greedy"], "unknown strategy 'greedy'", True),
-    "unknown tree": ("good", ["--strategy", "spd", "--tree", "bushy"], "unknown tree preset 'bushy'", True),
-    "threshold out of range": ("good", ["--threshold", "1.5"], "threshold must be in (0, 1]", True),
-    "draft tau out of range": ("good", ["--strategy", "spd", "--draft-tau", "1.5"], "draft tau must be in (0, 1]", True),
+    "unknown strategy": ("good", ["--strategy", "greedy"], "unknown strategy 'greedy'", "option"),
+    "unknown tree": ("good", ["--strategy", "spd", "--tree", "bushy"], "unknown tree preset 'bushy'", "option"),
+    "threshold out of range": ("good", ["--threshold", "1.5"], "threshold must be in (0, 1]", "option"),
+    "draft tau out of range": ("good", ["--strategy", "spd", "--draft-tau", "1.5"], "draft tau must be in (0, 1]", "option"),
     "absent precision": ("good", ["--precision", "fp16"], "has no 'fp16' variant (it has fp32, int8)", True),
-    "unknown cache mode": ("good", ["--cache", "full"], "unknown cache mode 'full'", True),
+    "unknown cache mode": ("good", ["--cache", "full"], "unknown cache mode 'full'", "option"),
     "cache exact, bidirectional": ("bidi", ["--cache", "exact"], "cache mode 'exact' needs a block-causal model", True),
     "cache none, bidirectional, W 4": ("bidi", ["--cache", "none", "--strategy", "spd"],
                                        "verifies one branch per forward", True),
-    "bad number": ("good", ["--gen-length", "many"], "invalid int value", False),
-    "steps 0": ("good", ["--steps", "0"], "argument --steps: must be >= 1, got 0", False),
-    "negative steps": ("good", ["--steps", "-2"], "argument --steps: must be >= 1, got -2", False),
+    "bad number": ("good", ["--gen-length", "many"], "gen length must be an integer, got 'many'", "option"),
+    "steps 0": ("good", ["--steps", "0"], "--steps must be >= 1, got 0", "option"),
+    "negative steps": ("good", ["--steps", "-2"], "--steps must be >= 1, got -2", "option"),
     "max beam width 0": ("good", ["--max-beam-width", "0"], "argument --max-beam-width: must be >= 1", False),
     "file as artifact": ("manifest-file", [], "manifest.json: not a folder (an artifact is the folder", False),
-    "unknown flag": ("good", ["--temperature", "0"], "unrecognized argument", False),
+    "not implemented yet": ("good", ["--temperature", "0.7"], "temperature is not implemented yet", "option"),
+    "unknown flag": ("good", ["--sampling", "0"], "unrecognized argument", False),
 }
 
 
-def _python_message(artifact: Path, extra: list[str]) -> str:
-    """The Python runtime's UserError message for the same input."""
+def _python_error(artifact: Path, extra: list[str]) -> UserError:
+    """The Python runtime's UserError for the same input (flag values typed by the declaration)."""
     from dllm_deploy import Runtime
     from dllm_deploy.runtime.api import decode_config
     opts = dict(zip(extra[::2], extra[1::2]))
     prompt = opts.pop("--prompt", PROMPT)
     precision = opts.pop("--precision", "fp32")
-    kw = {k[2:].replace("-", "_"): (float(v) if k in ("--threshold", "--draft-tau") else v) for k, v in opts.items()}
+    kw = {"gen_length": 64}
+    for flag, text in opts.items():
+        name = flag[2:].replace("-", "_")
+        try:
+            kw[name] = OPTIONS[name].pytype(text)
+        except ValueError:
+            kw[name] = text
     try:
         rt = Runtime.load(artifact=str(artifact), precision=precision)
-        rt.decoder.generate([prompt], decode_config(gen_length=64, **kw))
+        rt.decoder.generate([prompt], decode_config(**kw))
     except UserError as e:
-        return str(e)
+        return e
     raise AssertionError("the Python runtime accepted it")
 
 
@@ -121,8 +131,12 @@ def _check(build, bad_artifacts, case, env=None):
 @pytest.mark.parametrize("case", list(CASES))
 def test_bad_input_exits_2_with_one_line(case, cpp_build, bad_artifacts):
     message, same_as_python, key, extra = _check(cpp_build, bad_artifacts, case)
-    if same_as_python:
-        assert message == _python_message(bad_artifacts[key], extra)
+    if same_as_python == "option":
+        err = _python_error(bad_artifacts[key], extra)
+        assert isinstance(err, OptionError) and OPTIONS[err.key].flag == extra[-2]
+        assert err.flag in message      # dllm-generate names the flag; the code: test_options_cpp.py
+    elif same_as_python:
+        assert message == str(_python_error(bad_artifacts[key], extra))
 
 
 ASAN_ENV = {"ASAN_OPTIONS": "detect_leaks=1:abort_on_error=0:exitcode=99"}
@@ -217,32 +231,43 @@ def test_out_of_memory_names_the_beam_width_and_the_flag(cpp_build, bad_artifact
     assert line.endswith("lower --max-beam-width (or --gen-length)")
 
 
-def test_c_abi_steps_rule(cpp_build, bad_artifacts):
-    """dllm_decode_config.steps: DLLM_STEPS_UNSET (the default) decodes; 0 or negative is an
-    error result naming steps (the rule of dllm-generate --steps and of Python's DecodeConfig)."""
-    lib = ctypes.CDLL(str(cpp_build / "libdllm_deploy.so"))
+class Config(ctypes.Structure):  # dllm_decode_config (dllm.h)
+    _fields_ = [("struct_size", ctypes.c_uint32), ("strategy", ctypes.c_char_p), ("gen_length", ctypes.c_int32),
+                ("block_length", ctypes.c_int32), ("tokens_per_step", ctypes.c_int32), ("steps", ctypes.c_int32),
+                ("threshold", ctypes.c_double), ("beam_width", ctypes.c_int32), ("tree", ctypes.c_char_p),
+                ("select", ctypes.c_char_p), ("base", ctypes.c_char_p), ("draft_tau", ctypes.c_double),
+                ("schedule_init", ctypes.c_double), ("schedule_decay", ctypes.c_double),
+                ("schedule_floor", ctypes.c_double), ("schedule_end_tokens", ctypes.c_int32),
+                ("cache", ctypes.c_char_p)]
 
-    class Config(ctypes.Structure):  # dllm_decode_config (dllm.h)
-        _fields_ = [("struct_size", ctypes.c_uint32), ("strategy", ctypes.c_char_p), ("gen_length", ctypes.c_int32),
-                    ("block_length", ctypes.c_int32), ("tokens_per_step", ctypes.c_int32), ("steps", ctypes.c_int32),
-                    ("threshold", ctypes.c_double), ("beam_width", ctypes.c_int32), ("tree", ctypes.c_char_p),
-                    ("select", ctypes.c_char_p), ("base", ctypes.c_char_p), ("draft_tau", ctypes.c_double),
-                    ("schedule_init", ctypes.c_double), ("schedule_decay", ctypes.c_double),
-                    ("schedule_floor", ctypes.c_double), ("schedule_end_tokens", ctypes.c_int32),
-                    ("cache", ctypes.c_char_p)]
+
+def _decode_config_struct(lib, **fields) -> Config:
+    """A dllm_decode_config at its defaults (dllm_decode_config_init), then ``fields``."""
+    cfg = Config()
+    lib.dllm_decode_config_init(ctypes.byref(cfg))
+    for k, v in fields.items():
+        setattr(cfg, k, v)
+    return cfg
+
+
+def test_c_abi_steps_rule(cpp_build, bad_artifacts):
+    """dllm_decode_config.steps: DLLM_STEPS_UNSET (the default) decodes; 0 or negative is a
+    DLLM_ERROR_BAD_OPTION result whose key is steps (the rule of dllm-generate --steps and of Python's
+    DecodeConfig)."""
+    lib = ctypes.CDLL(str(cpp_build / "libdllm_deploy.so"))
 
     for f, res, args in [("dllm_runtime_create", ctypes.c_void_p, [ctypes.c_char_p, ctypes.c_void_p, ctypes.c_void_p]),
                          ("dllm_runtime_generate", ctypes.c_void_p,
                           [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_void_p, ctypes.c_void_p]),
                          ("dllm_error_code", ctypes.c_int, [ctypes.c_void_p]),
                          ("dllm_error_message", ctypes.c_char_p, [ctypes.c_void_p]),
+                         ("dllm_error_key", ctypes.c_char_p, [ctypes.c_void_p]),
                          ("dllm_error_free", None, [ctypes.c_void_p]), ("dllm_result_destroy", None, [ctypes.c_void_p]),
                          ("dllm_runtime_destroy", None, [ctypes.c_void_p])]:
         getattr(lib, f).restype, getattr(lib, f).argtypes = res, args
     rt, res = ctypes.c_void_p(), ctypes.c_void_p()
     assert lib.dllm_runtime_create(str(bad_artifacts["good"]).encode(), None, ctypes.byref(rt)) is None
-    cfg = Config()
-    lib.dllm_decode_config_init(ctypes.byref(cfg))
+    cfg = _decode_config_struct(lib)
     assert cfg.struct_size == ctypes.sizeof(Config) and cfg.steps == -(2**31)      # DLLM_STEPS_UNSET
     cfg.gen_length = 8
     try:
@@ -251,8 +276,8 @@ def test_c_abi_steps_rule(cpp_build, bad_artifacts):
         for steps in (0, -1):
             cfg.steps = steps
             err = lib.dllm_runtime_generate(rt, PROMPT.encode(), ctypes.byref(cfg), ctypes.byref(res))
-            assert lib.dllm_error_code(err) == 1                                   # DLLM_ERROR_INVALID_ARGUMENT
-            assert lib.dllm_error_message(err) == f"steps must be >= 1, got {steps}".encode()
+            assert lib.dllm_error_code(err) == 8                                   # DLLM_ERROR_BAD_OPTION
+            assert lib.dllm_error_key(err) == b"steps" and b"must be >= 1" in lib.dllm_error_message(err)
             lib.dllm_error_free(err)
     finally:
         lib.dllm_runtime_destroy(rt)

@@ -31,8 +31,12 @@ extern "C" {
 #endif
 
 /* 2: dllm_decode_config.steps takes DLLM_STEPS_UNSET for "unset" (0 is now refused, as in Python);
- *    DLLM_ERROR_OUT_OF_MEMORY. */
-#define DLLM_ABI_VERSION 2
+ *    DLLM_ERROR_OUT_OF_MEMORY.
+ * 3: decode options by name (dllm_options_*, dllm_option_*, dllm_runtime_generate_options); option
+ *    errors carry DLLM_ERROR_UNKNOWN_OPTION / DLLM_ERROR_BAD_OPTION / DLLM_ERROR_UNSUPPORTED and the
+ *    option's name (dllm_error_key), so a bad option in dllm_decode_config no longer reports
+ *    DLLM_ERROR_INVALID_ARGUMENT. */
+#define DLLM_ABI_VERSION 3
 
 /* dllm_decode_config.steps when no LLaDA step count is given (vanilla commits tokens_per_step per
  * step). Any other value below 1 is refused with an error that names `steps`. */
@@ -45,7 +49,9 @@ typedef enum dllm_code {
   DLLM_ERROR_UNSUPPORTED = 3,      /* valid, but not in the C++ runtime yet (hf tokenizer, ...) */
   DLLM_ERROR_ONNXRUNTIME = 4,      /* ONNX Runtime refused: API version, graph load, run */
   DLLM_ERROR_INTERNAL = 5,         /* a bug */
-  DLLM_ERROR_OUT_OF_MEMORY = 6     /* the decode did not fit in memory: lower max_beam_width or gen_length */
+  DLLM_ERROR_OUT_OF_MEMORY = 6,    /* the decode did not fit in memory: lower max_beam_width or gen_length */
+  DLLM_ERROR_UNKNOWN_OPTION = 7,   /* a decode option name that is not declared */
+  DLLM_ERROR_BAD_OPTION = 8        /* a decode option value of the wrong type, out of range, not a choice */
 } dllm_code;
 
 typedef struct dllm_error dllm_error;
@@ -55,6 +61,12 @@ typedef struct dllm_result dllm_result;
 DLLM_API dllm_code dllm_error_code(const dllm_error* err);       /* DLLM_OK for NULL */
 DLLM_API const char* dllm_error_message(const dllm_error* err);     /* "" for NULL */
 DLLM_API void dllm_error_free(dllm_error* err);                    /* NULL is a no-op */
+/* The decode option an error is about ("steps"), for DLLM_ERROR_UNKNOWN_OPTION, DLLM_ERROR_BAD_OPTION
+ * and DLLM_ERROR_UNSUPPORTED on an option (declared, not implemented yet); "" otherwise. */
+DLLM_API const char* dllm_error_key(const dllm_error* err);
+/* The code's name, shared with Python's OptionError.code: "unknown_option", "bad_option",
+ * "unsupported", "invalid_argument", "artifact", "onnxruntime", "internal", "out_of_memory", "ok". */
+DLLM_API const char* dllm_code_name(dllm_code code);
 
 /* The library's version ("0.1.0") and the ONNX Runtime it runs on ("1.32.0"). */
 DLLM_API const char* dllm_version(void);
@@ -109,12 +121,40 @@ typedef struct dllm_decode_config {
                               block-causal model, prefix for a bidirectional one) */
 } dllm_decode_config;
 
+/* The options of ABI 2 as a struct. Options declared since (temperature, top_k, top_p, seed) are
+ * set by name only (dllm_options_set, below); both paths check values the same way. */
 DLLM_API void dllm_decode_config_init(dllm_decode_config* cfg);
 
 /* Decodes one prompt (batch 1): NUL-terminated UTF-8; invalid UTF-8 bytes are read as U+FFFD (one
  * per maximal invalid subsequence, as Python's errors="replace"). On success *out owns a new result. */
 DLLM_API dllm_error* dllm_runtime_generate(dllm_runtime* rt, const char* prompt, const dllm_decode_config* cfg,
                                            dllm_result** out);
+
+/* ---- decode options by name ---------------------------------------------------------------
+ * Every decode option is declared once (dllm_deploy/decode_options.json; the build generates the
+ * C++ table from it), so a new option needs no ABI change: set it by name, as text.
+ *   dllm_options* o = dllm_options_create();             every option at its default
+ *   err = dllm_options_set(o, "beam_width", "8");          NULL, or an option error naming the key
+ *   err = dllm_runtime_generate_options(rt, prompt, o, &res);
+ * A value is parsed by the option's type (int, float, str, bool: true/false) and checked against
+ * its range or choices; "null" unsets a nullable option (steps, draft_tau). An option declared but
+ * not implemented yet (temperature, top_k, top_p, seed) accepts its default only. */
+
+typedef struct dllm_options dllm_options;
+
+DLLM_API dllm_options* dllm_options_create(void);          /* NULL when out of memory */
+DLLM_API void dllm_options_destroy(dllm_options* opts);    /* NULL is a no-op */
+DLLM_API dllm_error* dllm_options_set(dllm_options* opts, const char* name, const char* value);
+
+/* The declared options, for building flags and help: index < dllm_option_count(); field is one of
+ * "name", "flag" (the CLI flag, "" if none), "type", "default", "choices" ("a|b|c", "" if any),
+ * "help". NULL for an index or field out of range. */
+DLLM_API size_t dllm_option_count(void);
+DLLM_API const char* dllm_option_info(size_t index, const char* field);
+
+/* dllm_runtime_generate with options set by name; opts may be NULL (the defaults). */
+DLLM_API dllm_error* dllm_runtime_generate_options(dllm_runtime* rt, const char* prompt, const dllm_options* opts,
+                                                   dllm_result** out);
 
 /* ---- results ------------------------------------------------------------------------------ */
 

@@ -3,6 +3,8 @@
 //   dllm::Runtime rt("artifact/");                      // checks manifest + hashes, opens sessions
 //   dllm::DecodeConfig cfg;  cfg.strategy = "spd";      // defaults are the Python ones
 //   dllm::Result r = rt.generate("upper: air\n", cfg);
+//   dllm::Options o;  o.set("beam_width", "8");         // or any declared option by name
+//   dllm::Result r2 = rt.generate("upper: air\n", o);
 //   std::cout << r.text() << " " << r.stats().tpf << "\n";
 #ifndef DLLM_DEPLOY_DLLM_HPP
 #define DLLM_DEPLOY_DLLM_HPP
@@ -20,11 +22,14 @@ namespace dllm {
 
 class Error : public std::runtime_error {
  public:
-  Error(dllm_code code, const std::string& message) : std::runtime_error(message), code_(code) {}
+  Error(dllm_code code, const std::string& message, const std::string& key = std::string())
+      : std::runtime_error(message), code_(code), key_(key) {}
   dllm_code code() const noexcept { return code_; }
+  const std::string& key() const noexcept { return key_; }  // the decode option of an option error
 
  private:
   dllm_code code_;
+  std::string key_;
 };
 
 namespace detail {
@@ -32,11 +37,15 @@ inline void check(dllm_error* err) {
   if (err == nullptr) return;
   dllm_code code = dllm_error_code(err);
   std::string message = dllm_error_message(err);
+  std::string key = dllm_error_key(err);
   dllm_error_free(err);
-  throw Error(code, message);
+  throw Error(code, message, key);
 }
 struct RuntimeDeleter {
   void operator()(dllm_runtime* p) const noexcept { dllm_runtime_destroy(p); }
+};
+struct OptionsDeleter {
+  void operator()(dllm_options* p) const noexcept { dllm_options_destroy(p); }
 };
 struct ResultDeleter {
   void operator()(dllm_result* p) const noexcept { dllm_result_destroy(p); }
@@ -81,6 +90,22 @@ struct DecodeConfig {
     c.schedule_decay = schedule_decay, c.schedule_floor = schedule_floor;
     return c;
   }
+};
+
+// Decoding options by name (dllm_options_set): every declared option, at its default until set.
+class Options {
+ public:
+  Options() : h_(dllm_options_create()) {
+    if (!h_) throw Error(DLLM_ERROR_OUT_OF_MEMORY, "out of memory");
+  }
+  Options& set(const std::string& name, const std::string& value) {
+    detail::check(dllm_options_set(h_.get(), name.c_str(), value.c_str()));
+    return *this;
+  }
+  const dllm_options* get() const noexcept { return h_.get(); }
+
+ private:
+  std::unique_ptr<dllm_options, detail::OptionsDeleter> h_;
 };
 
 using Stats = dllm_stats;
@@ -135,6 +160,12 @@ class Runtime {
     dllm_decode_config c = config.c_config();
     dllm_result* r = nullptr;
     detail::check(dllm_runtime_generate(h_.get(), prompt.c_str(), &c, &r));
+    return Result(r);
+  }
+
+  Result generate(const std::string& prompt, const Options& options) {
+    dllm_result* r = nullptr;
+    detail::check(dllm_runtime_generate_options(h_.get(), prompt.c_str(), options.get(), &r));
     return Result(r);
   }
 
