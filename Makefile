@@ -15,7 +15,9 @@ $(STAMP): pyproject.toml constraints-cpu.txt
 demo: $(STAMP)
 	$(VENV)/bin/dllm-deploy demo
 
+# lint-imports: the module layers of docs/architecture.md ([tool.importlinter] in pyproject.toml)
 test: $(STAMP) cpp
+	$(VENV)/bin/lint-imports --no-cache
 	$(PY) -m pytest -q tests
 
 # The C/C++ embedding (docs/cpp.md): ONNX Runtime headers + library into build/onnxruntime,

@@ -214,7 +214,7 @@ def _peak_memory(artifact: str, widths, block_length: int, prefix: int) -> dict[
     """Measured peak memory (MB) of ONNX Runtime verification per W, where the profiles' memory
     module offers a measurement; None otherwise."""
     try:
-        from .profiles.memory import measure_peak_bytes
+        from .bench_memory import measure_peak_bytes
     except ImportError:
         return {w: None for w in widths}
     out = {}

@@ -6,7 +6,8 @@
 // --json prints the keys of `dllm-deploy generate --json` (text, token_ids, forwards, tokens, tpf,
 // wall_s, tokens_per_s, beam_width_used, accepted_hist, finished, beam_width_requested) plus
 // backend_s (seconds inside ONNX Runtime). A prompts file holds one prompt per line: a line that
-// starts with a double quote is a JSON string ("upper: air\n" carries its newline), any other
+// starts with a double quote is a JSON string ("upper: air\n" carries its newline; one that is
+// not valid JSON text, e.g. not UTF-8 or an unpaired surrogate escape, is refused), any other
 // line is taken as is (without its line ending); blank lines are skipped. A prompt holding a NUL
 // byte is refused (FILE:LINE); invalid UTF-8 is read as U+FFFD, as `dllm-deploy generate` does.
 // A user error prints one line on stderr and exits with 2 (1 for an internal error). The decode
@@ -21,8 +22,9 @@
 #include <string>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "dllm_deploy/dllm.hpp"
-#include "json.hpp"  // the library's JSON reader, compiled into this tool (cpp/CMakeLists.txt)
 
 namespace {
 
@@ -70,16 +72,12 @@ int at_least_1(const std::string& flag, const std::string& v) {
   return x;
 }
 
-// A JSON string literal (the whole line) -> its UTF-8 text, with the library's JSON reader.
+// A JSON string literal (the whole line) -> its UTF-8 text; false if the line is not one.
 bool json_string(const std::string& line, std::string& out) {
-  try {
-    dllm::detail::Json j = dllm::detail::parse_json(line);
-    if (j.type != dllm::detail::Json::Type::String) return false;
-    out = j.string;
-    return true;
-  } catch (const std::runtime_error&) {
-    return false;
-  }
+  const nlohmann::json j = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
+  if (!j.is_string()) return false;  // a syntax error (discarded) or another JSON value
+  out = j.get<std::string>();
+  return true;
 }
 
 [[noreturn]] void bad_prompts_file(const std::string& where, const std::string& what) {

@@ -2,7 +2,8 @@
 # Build the C++ runtime (library, dllm-generate, dllm-embed):
 #   cpp/scripts/build.sh           -> build/cpp        (Release)
 #   cpp/scripts/build.sh asan      -> build/cpp-asan   (AddressSanitizer + UBSan, -O1 -g)
-# ONNX Runtime comes from $ONNXRUNTIME_ROOT, else get_onnxruntime.sh provides build/onnxruntime.
+# ONNX Runtime comes from $ONNXRUNTIME_ROOT, else get_onnxruntime.sh provides build/onnxruntime;
+# nlohmann-json from $NLOHMANN_JSON_ROOT, else get_nlohmann_json.sh provides build/nlohmann_json.
 # JOBS (default 2) parallel compile jobs; compiles run at nice 5.
 set -euo pipefail
 
@@ -16,5 +17,6 @@ case "$kind" in
 esac
 
 ort="$(bash "$here/get_onnxruntime.sh" | tail -n 1)"
-cmake -S "$repo/cpp" -B "$dir" -DONNXRUNTIME_ROOT="$ort" "${flags[@]}" >/dev/null
+json="$(bash "$here/get_nlohmann_json.sh" | tail -n 1)"
+cmake -S "$repo/cpp" -B "$dir" -DONNXRUNTIME_ROOT="$ort" -DNLOHMANN_JSON_ROOT="$json" "${flags[@]}" >/dev/null
 nice -n 5 cmake --build "$dir" -j "${JOBS:-2}"

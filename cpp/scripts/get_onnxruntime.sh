@@ -6,8 +6,8 @@
 #
 # A user who has ONNX Runtime already sets ONNXRUNTIME_ROOT=/path (with include/ and lib/):
 # it is checked and used as is. Idempotent: a second run only checks and returns.
-# The apt state lives in a private folder ($OUT/.apt): the host's apt configuration is read
-# (the Debian mirror's URIs) but never changed.
+# The headers come from a Debian package unpacked by debian_package.sh (private apt state: the
+# host's apt configuration is read but never changed).
 set -euo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -42,31 +42,13 @@ fi
 
 # 2. the headers: Debian trixie's libonnxruntime-dev (bookworm has none)
 if [ ! -f "$out/include/onnxruntime_c_api.h" ]; then
-  command -v apt-get >/dev/null || die "no apt-get: set ONNXRUNTIME_ROOT to an ONNX Runtime with include/ and lib/"
-  src=/etc/apt/sources.list.d/debian.sources
-  uri=""
-  [ -f "$src" ] && uri="$(awk '/^URIs:/ {print $2; exit}' "$src")"
-  [ -n "$uri" ] || die "no Debian mirror (URIs:) in $src: set ONNXRUNTIME_ROOT instead"
-  apt="$out/.apt"
-  mkdir -p "$apt/parts" "$apt/lists/partial" "$apt/cache/archives/partial" "$apt/deb"
-  cat > "$apt/parts/trixie.sources" <<SRC
-Types: deb
-URIs: $uri
-Suites: trixie
-Components: main
-Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg
-SRC
-  opts=(-o Dir::Etc::SourceList=/dev/null -o Dir::Etc::SourceParts="$apt/parts"
-        -o Dir::State::Lists="$apt/lists" -o Dir::Cache="$apt/cache" -o Debug::NoLocking=1
-        -o APT::Sandbox::User=root -q)
-  apt-get "${opts[@]}" update >&2 || die "apt-get update (trixie) failed"
-  (cd "$apt/deb" && apt-get "${opts[@]}" download libonnxruntime-dev >&2) || die "apt-get download libonnxruntime-dev failed"
-  deb="$(ls "$apt/deb"/libonnxruntime-dev_*.deb | head -n 1)"
-  rm -rf "$apt/x" && dpkg-deb -x "$deb" "$apt/x"
-  hdr="$(dirname "$(find "$apt/x" -name onnxruntime_c_api.h | head -n 1)")"
-  [ -f "$hdr/onnxruntime_c_api.h" ] || die "$deb has no onnxruntime_c_api.h"
+  x="$out/.deb"
+  rm -rf "$x"
+  bash "$here/debian_package.sh" libonnxruntime-dev "$x" || die "set ONNXRUNTIME_ROOT to an ONNX Runtime with include/ and lib/"
+  hdr="$(dirname "$(find "$x" -name onnxruntime_c_api.h | head -n 1)")"
+  [ -f "$hdr/onnxruntime_c_api.h" ] || die "libonnxruntime-dev has no onnxruntime_c_api.h"
   cp -r "$hdr"/. "$out/include/"
-  rm -rf "$apt/x" "$apt/lists" "$apt/cache"
+  rm -rf "$x"
 fi
 
 echo "$out"

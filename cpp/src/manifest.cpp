@@ -6,6 +6,8 @@
 #include <set>
 #include <sstream>
 
+#include <nlohmann/json.hpp>
+
 #include "error.hpp"
 #include "json.hpp"
 #include "sha256.hpp"
@@ -15,6 +17,55 @@ namespace dllm::detail {
 namespace fs = std::filesystem;
 
 namespace {
+
+// Objects keep the file's key order, so checks run (and report) in the order Python's do.
+using Json = nlohmann::ordered_json;
+
+constexpr int kMaxDepth = 200;  // deeper documents are refused, not walked
+struct TooDeep {};
+
+// obj[key], or nullptr if obj is not an object or has no such key.
+const Json* find(const Json& obj, const std::string& key) {
+  if (!obj.is_object()) return nullptr;
+  const auto it = obj.find(key);
+  return it == obj.end() ? nullptr : &*it;
+}
+
+// A JSON library error in one line: where it is and what is wrong, without the bytes it last
+// read (they may be long, or not text).
+std::string syntax_error(const std::string& what) {
+  std::string s = what;
+  const size_t at = s.find("parse error at ");
+  if (at != std::string::npos) s = s.substr(at + 15);
+  const size_t last = s.find("; last read: ");
+  if (last != std::string::npos) {
+    const size_t expected = s.rfind("; expected ");
+    s = s.substr(0, last) + (expected != std::string::npos && expected > last ? s.substr(expected) : "");
+  }
+  return s;
+}
+
+Json parse_manifest(const std::string& text, const std::string& path) {
+  const Json::parser_callback_t depth_limit = [](int depth, Json::parse_event_t, Json&) {
+    if (depth > kMaxDepth) throw TooDeep{};
+    return true;
+  };
+  try {
+    return Json::parse(text, depth_limit);
+  } catch (const TooDeep&) {
+    artifact_error(path + ": corrupt manifest (nested too deeply)");
+  } catch (const Json::parse_error& e) {
+    artifact_error(path + ": corrupt manifest (not JSON at " + syntax_error(e.what()) + ")");
+  } catch (const Json::exception&) {  // out_of_range: a number beyond a double's range
+    artifact_error(path + ": corrupt manifest (a number out of range)");
+  }
+}
+
+// A JSON integer that fits an int.
+bool is_int(const Json& v) {
+  if (v.is_number_unsigned()) return v.get<uint64_t>() < (1ULL << 31);
+  return v.is_number_integer() && v.get<int64_t>() >= -(1LL << 31) && v.get<int64_t>() < (1LL << 31);
+}
 
 bool ends_with(const std::string& s, const std::string& tail) {
   return s.size() >= tail.size() && s.compare(s.size() - tail.size(), tail.size(), tail) == 0;
@@ -27,36 +78,35 @@ class Reader {
   [[noreturn]] void corrupt(const std::string& what) const { artifact_error(path_ + ": corrupt manifest (" + what + ")"); }
 
   const Json& field(const Json& obj, const char* key, const std::string& where) const {
-    const Json* v = obj.find(key);
+    const Json* v = find(obj, key);
     if (!v) corrupt("no '" + where + "'");
     return *v;
   }
   int integer(const Json& obj, const char* key, const std::string& where) const {
     const Json& v = field(obj, key, where);
-    if (v.type != Json::Type::Number || !v.integral || v.integer < -(1LL << 31) || v.integer >= (1LL << 31))
-      corrupt("'" + where + "' is not an integer");
-    return static_cast<int>(v.integer);
+    if (!is_int(v)) corrupt("'" + where + "' is not an integer");
+    return v.get<int>();
   }
   std::string string(const Json& obj, const char* key, const std::string& where) const {
     const Json& v = field(obj, key, where);
-    if (v.type != Json::Type::String) corrupt("'" + where + "' is not a string");
-    return v.string;
+    if (!v.is_string()) corrupt("'" + where + "' is not a string");
+    return v.get<std::string>();
   }
   std::vector<std::string> strings(const Json& obj, const char* key, const std::string& where) const {
     const Json& v = field(obj, key, where);
-    if (v.type != Json::Type::Array) corrupt("'" + where + "' is not a list");
+    if (!v.is_array()) corrupt("'" + where + "' is not a list");
     std::vector<std::string> out;
-    for (const Json& x : v.array) {
-      if (x.type != Json::Type::String) corrupt("'" + where + "' holds a non-string");
-      out.push_back(x.string);
+    for (const Json& x : v) {
+      if (!x.is_string()) corrupt("'" + where + "' holds a non-string");
+      out.push_back(x.get<std::string>());
     }
     return out;
   }
   // An optional true/false key (absent: false).
   bool flag(const Json& obj, const char* key, const std::string& where) const {
-    const Json* v = obj.find(key);
-    if (v && v->type != Json::Type::Bool) corrupt("'" + where + "' is not true/false");
-    return v && v->boolean;
+    const Json* v = find(obj, key);
+    if (v && !v->is_boolean()) corrupt("'" + where + "' is not true/false");
+    return v && v->get<bool>();
   }
   const Json& object(const Json& obj, const char* key, const std::string& where) const {
     const Json& v = field(obj, key, where);
@@ -75,10 +125,12 @@ class Reader {
 }
 
 std::string describe(const Json& v) {
-  if (v.type == Json::Type::String) return quoted(v.string);
-  if (v.type == Json::Type::Number) return v.integral ? std::to_string(v.integer) : format_double(v.number);
-  if (v.type == Json::Type::Null) return "None";
-  if (v.type == Json::Type::Bool) return v.boolean ? "True" : "False";
+  if (v.is_string()) return quoted(v.get<std::string>());
+  if (v.is_number_unsigned()) return std::to_string(v.get<uint64_t>());
+  if (v.is_number_integer()) return std::to_string(v.get<int64_t>());
+  if (v.is_number()) return format_double(v.get<double>());
+  if (v.is_null()) return "None";
+  if (v.is_boolean()) return v.get<bool>() ? "True" : "False";
   return "<non-scalar>";
 }
 
@@ -100,26 +152,23 @@ Manifest read_manifest(const std::string& folder_in, const std::string& precisio
   if (!in) unreadable(path, std::error_code(errno, std::generic_category()));
   std::stringstream ss;
   ss << in.rdbuf();
-  Json m;
-  try {
-    m = parse_json(ss.str());
-  } catch (const std::runtime_error& e) {
-    artifact_error(path + ": corrupt manifest (" + e.what() + ")");
-  }
+  const Json m = parse_manifest(ss.str(), path);
   Reader r(path);
-  if (!m.is_object() || !m.find("schema_version")) r.corrupt("no schema_version");
-  const Json& sv = *m.find("schema_version");
-  if (sv.type != Json::Type::Number || sv.number < kOldestSchemaVersion || sv.number > kSchemaVersion ||
-      sv.number != static_cast<int>(sv.number))
+  const Json* schema = find(m, "schema_version");
+  if (!schema) r.corrupt("no schema_version");
+  const Json& sv = *schema;
+  const double version = sv.is_number() ? sv.get<double>() : 0.0;
+  if (!sv.is_number() || version < kOldestSchemaVersion || version > kSchemaVersion ||
+      version != static_cast<int>(version))
     artifact_error(path + ": unknown schema_version " + describe(sv) + " (this runtime reads 1, 2)");
   for (const char* key : {"model", "precisions", "files", "graphs", "tokenizer"})
-    if (!m.find(key)) r.corrupt(std::string("no '") + key + "'");
+    if (!find(m, key)) r.corrupt(std::string("no '") + key + "'");
 
   const Json& precisions = r.object(m, "precisions", "precisions");
-  const Json* files_of = precisions.find(precision);
+  const Json* files_of = find(precisions, precision);
   if (!files_of) {
     std::set<std::string> have;
-    for (const auto& kv : precisions.object) have.insert(kv.first);
+    for (const auto& kv : precisions.items()) have.insert(kv.key());
     std::string list;
     for (const auto& h : have) list += (list.empty() ? "" : ", ") + h;
     artifact_error(folder + ": the artifact has no " + quoted(precision) + " variant (it has " + list + ")");
@@ -129,12 +178,12 @@ Manifest read_manifest(const std::string& folder_in, const std::string& precisio
   const Json& files = r.object(m, "files", "files");
   if (verify) {
     std::set<std::string> need;
-    for (const auto& kv : files_of->object)
-      if (kv.second.type == Json::Type::String) need.insert(kv.second.string);
-    for (const auto& kv : files.object) {
-      const std::string& rel = kv.first;
+    for (const Json& file : *files_of)
+      if (file.is_string()) need.insert(file.get<std::string>());
+    for (const auto& kv : files.items()) {
+      const std::string& rel = kv.key();
       if (!need.count(rel) && (ends_with(rel, ".onnx") || ends_with(rel, ".bin"))) continue;
-      if (kv.second.type != Json::Type::String) r.corrupt("'files." + rel + "' is not a sha256 string");
+      if (!kv.value().is_string()) r.corrupt("'files." + rel + "' is not a sha256 string");
       const std::string f = (fs::path(folder) / rel).string();
       if (!fs::exists(f, ec)) {
         if (ec) unreadable(f, ec);
@@ -142,12 +191,12 @@ Manifest read_manifest(const std::string& folder_in, const std::string& precisio
       }
       std::string digest;
       if (!sha256_file(f, digest)) unreadable(f, std::error_code(errno, std::generic_category()));
-      if (digest != kv.second.string) artifact_error(f + ": sha256 mismatch (the file changed after export)");
+      if (digest != kv.value().get<std::string>()) artifact_error(f + ": sha256 mismatch (the file changed after export)");
     }
   }
 
   Manifest out;
-  out.schema_version = static_cast<int>(sv.number);
+  out.schema_version = static_cast<int>(version);
   out.folder = folder;
   out.precision = precision;
   const Json& model = r.object(m, "model", "model");
@@ -172,10 +221,10 @@ Manifest read_manifest(const std::string& folder_in, const std::string& precisio
     if (dim < 1) r.corrupt("model dimensions must be >= 1");
   out.topk = r.integer(m, "topk", "topk");
   if (out.topk < 1) r.corrupt("'topk' must be >= 1");
-  if (m.find("max_beam_width")) out.max_beam_width = r.integer(m, "max_beam_width", "max_beam_width");
+  if (find(m, "max_beam_width")) out.max_beam_width = r.integer(m, "max_beam_width", "max_beam_width");
   const Json& tok = r.object(m, "tokenizer", "tokenizer");
-  const Json* kind = tok.find("kind");
-  out.tokenizer_kind = kind && kind->type == Json::Type::String ? kind->string : "";
+  const Json* kind = find(tok, "kind");
+  out.tokenizer_kind = kind && kind->is_string() ? kind->get<std::string>() : "";
   const Json& graphs = r.object(m, "graphs", "graphs");
   const Json& gp = r.object(graphs, "prefill", "graphs.prefill");
   const Json& gv = r.object(graphs, "verify", "graphs.verify");

@@ -1,11 +1,10 @@
-"""TensorRT engines from an artifact: optimization-profile shapes, build settings from the device
-profile, the cache key recorded in the manifest, the equivalent ``trtexec`` command line, and the
-build itself (TensorRT 10/11 Python API, imported lazily).
+"""TensorRT engines from an artifact: the build plan (precision, files, shapes, settings), the
+equivalent ``trtexec`` command line, and the build itself (TensorRT 10/11 Python API, imported
+lazily). The engine records, shapes and keys the runner also reads live in artifact/engines.py.
 
     plan_engines(folder, manifest, profile)    what would be built: precision, files, shapes, settings, trtexec
     build_engines(folder, manifest, plan)      builds engines/<profile>/{prefill,verify}.plan unless up to date
-    engine_record / stale_reasons              the key (ONNX + weights sha256, TensorRT version, compute
-                                               capability, profile hash) kept in manifest.json["engines"]
+    check_engine_targets(folder, built, wanted, cache)   refuses to replace files it did not write
 
 Verified here: the pure parts (shapes, settings, key, staleness, command) by unit tests. The build
 and the runner need a GPU with TensorRT; tests/gpu/check_trt.py holds that check (not yet run on
@@ -13,64 +12,27 @@ hardware).
 """
 from __future__ import annotations
 
-import hashlib
-import json
 import os
-from dataclasses import dataclass
 from pathlib import Path
 
+from ..artifact.engines import (
+    GRAPHS,
+    Shapes,
+    build_settings,
+    engine_record,
+    engine_shapes,
+    import_tensorrt,
+    record_engines,
+    recorded_engines,
+    shapes_json,
+    stale_reasons,
+)
 from ..artifact.fsio import atomic_write, lock_target
 from ..errors import UserError
 
-GRAPHS = ("prefill", "verify")
 # profile value -> trtexec --hardwareCompatibilityLevel / tensorrt.HardwareCompatibilityLevel member
 HW_COMPAT = {"none": ("none", "NONE"), "ampere_plus": ("ampere+", "AMPERE_PLUS"),
              "same_compute_capability": ("sameComputeCapability", "SAME_COMPUTE_CAPABILITY")}
-DEFAULT_TRT = {"workspace_mb": 4096, "opt_level": 3, "hardware_compatibility": "none"}
-
-
-@dataclass(frozen=True)
-class Shapes:
-    """min / opt / max of one input (TensorRT optimization profile)."""
-    min: tuple[int, ...]
-    opt: tuple[int, ...]
-    max: tuple[int, ...]
-
-    def __post_init__(self):
-        for a, b, c in zip(self.min, self.opt, self.max):
-            if not a <= b <= c:
-                raise UserError(f"bad shape range min {self.min} opt {self.opt} max {self.max}")
-
-
-def engine_shapes(manifest: dict, decode: dict) -> dict[str, dict[str, Shapes]]:
-    """Per graph, per dynamic input: the shape ranges the profile's decode limits need.
-
-    prefill: T from 1 to max_seq (a whole prompt + first block; a commit is 2L); keys P + T <= max_seq.
-    verify:  T from L (one branch) to max_beam_width * L; past P from 0 to max_seq - L; keys P + T
-             up to max_seq - L + max_beam_width * L (the last block's branches all attend the prefix)."""
-    m = manifest["model"]
-    L = int(manifest["block_length"])
-    batch = int(decode.get("batch", 1))
-    w_opt = int(decode.get("beam_width", 1))
-    w_max = min(int(decode.get("max_beam_width", w_opt)), int(manifest.get("max_beam_width", w_opt)))
-    w_opt = min(w_opt, w_max)
-    max_seq = min(int(decode.get("max_seq", m["max_seq"])), int(m["max_seq"]))
-    hkv, d = int(m["num_kv_heads"]), int(m["head_dim"])
-    out: dict[str, dict[str, Shapes]] = {}
-    for graph, (t_min, t_opt, t_max) in {"prefill": (1, 2 * L, max_seq), "verify": (L, w_opt * L, w_max * L)}.items():
-        p_opt = max(0, min(max_seq // 2, max_seq - t_opt))
-        p_max = max(0, max_seq - t_min)
-        s_max = max_seq if graph == "prefill" else p_max + t_max
-        shapes = {
-            "input_ids": Shapes((1, t_min), (batch, t_opt), (batch, t_max)),
-            "position_ids": Shapes((1, t_min), (batch, t_opt), (batch, t_max)),
-            "attention_mask": Shapes((1, 1, t_min, t_min), (batch, 1, t_opt, p_opt + t_opt), (batch, 1, t_max, s_max)),
-        }
-        for i in range(int(m["num_layers"])):
-            for kind in ("key", "value"):
-                shapes[f"past_key_values.{i}.{kind}"] = Shapes((1, hkv, 0, d), (batch, hkv, p_opt, d), (batch, hkv, p_max, d))
-        out[graph] = shapes
-    return out
 
 
 def _dims(t: tuple[int, ...]) -> str:
@@ -89,96 +51,6 @@ def trtexec_command(onnx_path: str, engine_path: str, shapes: dict[str, Shapes],
     if hardware_compatibility != "none":
         cmd.append(f"--hardwareCompatibilityLevel={HW_COMPAT[hardware_compatibility][0]}")
     return cmd
-
-
-def cache_key(onnx_sha256: str, trt_version: str, compute_capability: str, profile: dict) -> str:
-    """Engines are valid for one (graph, TensorRT version, GPU arch, profile settings)."""
-    blob = json.dumps({"onnx": onnx_sha256, "trt": trt_version, "cc": compute_capability, "profile": profile},
-                      sort_keys=True)
-    return hashlib.sha256(blob.encode()).hexdigest()[:16]
-
-
-def build_settings(profile, workspace_mb: int | None = None, opt_level: int | None = None) -> dict:
-    """The profile's ``trt`` section over the defaults, with command-line overrides on top."""
-    out = {**DEFAULT_TRT, **getattr(profile, "trt", {})}
-    if workspace_mb is not None:
-        out["workspace_mb"] = int(workspace_mb)
-    if opt_level is not None:
-        out["opt_level"] = int(opt_level)
-    if not 0 <= out["opt_level"] <= 5:
-        raise UserError(f"builder optimization level must be 0..5, got {out['opt_level']}")
-    if out["workspace_mb"] < 1:
-        raise UserError(f"workspace must be >= 1 MB, got {out['workspace_mb']}")
-    return out
-
-
-def _shapes_json(shapes: dict[str, dict[str, Shapes]]) -> dict:
-    return {g: {n: {"min": list(s.min), "opt": list(s.opt), "max": list(s.max)} for n, s in d.items()}
-            for g, d in shapes.items()}
-
-
-def profile_fingerprint(precision: str, shapes: dict[str, dict[str, Shapes]], settings: dict) -> dict:
-    """What makes an engine valid besides the graph, TensorRT and the GPU: the precision variant,
-    the optimization-profile shapes and the hardware-compatibility level. Workspace and builder
-    level change speed, not validity (rebuild with --force to apply new ones)."""
-    return {"precision": precision, "shapes": _shapes_json(shapes),
-            "hardware_compatibility": settings.get("hardware_compatibility", "none")}
-
-
-def graph_digest(manifest: dict, files: dict, graph: str) -> str:
-    """sha256 over the graph file and the weights it reads (both listed in the manifest)."""
-    listed = manifest.get("files", {})
-    parts = [listed.get(files[graph], "?"), listed.get(files.get("weights", ""), "?")]
-    return hashlib.sha256(":".join(parts).encode()).hexdigest()
-
-
-def engine_record(manifest: dict, profile_name: str, precision: str, shapes: dict, settings: dict,
-                  trt_version: str, compute_capability: str) -> dict:
-    """The manifest entry for one profile's engines: the key parts, the key per graph, the plans."""
-    files = manifest["precisions"][precision]
-    fp = profile_fingerprint(precision, shapes, settings)
-    phash = hashlib.sha256(json.dumps(fp, sort_keys=True).encode()).hexdigest()[:16]
-    graphs = {}
-    for g in GRAPHS:
-        digest = graph_digest(manifest, files, g)
-        graphs[g] = {"onnx_sha256": digest, "plan": f"engines/{profile_name}/{g}.plan",
-                     "key": cache_key(digest, trt_version, compute_capability, fp)}
-    return {"profile": profile_name, "precision": precision, "trt_version": trt_version,
-            "compute_capability": compute_capability, "profile_hash": phash, "settings": dict(settings),
-            "graphs": graphs}
-
-
-def stale_reasons(built: dict | None, wanted: dict) -> list[str]:
-    """Why engines recorded as ``built`` cannot serve ``wanted`` (empty list: they can)."""
-    if not built:
-        return ["no engines recorded for this profile"]
-    why = []
-    if built.get("trt_version") != wanted["trt_version"]:
-        why.append(f"built with TensorRT {built.get('trt_version')}, this is {wanted['trt_version']}")
-    if built.get("compute_capability") != wanted["compute_capability"]:
-        why.append(f"built for compute capability {built.get('compute_capability')}, this GPU is {wanted['compute_capability']}")
-    if built.get("precision") != wanted["precision"]:
-        why.append(f"built from the {built.get('precision')} variant, {wanted['precision']} wanted")
-    elif any(built.get("graphs", {}).get(g, {}).get("onnx_sha256") != wanted["graphs"][g]["onnx_sha256"] for g in GRAPHS):
-        why.append("the ONNX graphs or weights changed since the build")
-    if built.get("profile_hash") != wanted["profile_hash"]:
-        why.append("the profile's shapes or hardware compatibility changed since the build")
-    if not why and any(built["graphs"][g].get("key") != wanted["graphs"][g]["key"] for g in GRAPHS):
-        why.append("cache key mismatch")
-    return why
-
-
-def recorded_engines(manifest: dict, profile_name: str) -> dict | None:
-    return (manifest.get("engines") or {}).get(profile_name)
-
-
-def record_engines(folder: str | Path, profile_name: str, record: dict) -> None:
-    """Write ``record`` into manifest.json["engines"][profile] (atomically; the file hashes the
-    manifest lists are not touched: engines are derived data, keyed, not part of the artifact)."""
-    path = Path(folder) / "manifest.json"
-    m = json.loads(path.read_text())
-    m.setdefault("engines", {})[profile_name] = record
-    atomic_write(path, json.dumps(m, indent=2, sort_keys=True) + "\n")
 
 
 def check_engine_targets(folder: str | Path, built: dict | None, wanted: dict, timing_cache: Path) -> None:
@@ -213,7 +85,7 @@ def plan_engines(folder: str | Path, manifest: dict, profile, workspace_mb: int 
                               workspace_mb=settings["workspace_mb"], opt_level=settings["opt_level"],
                               timing_cache=str(out_dir / "timing.cache"),
                               hardware_compatibility=settings["hardware_compatibility"])
-        engines.append({"graph": g, "onnx": files[g], "shapes": _shapes_json({g: shapes[g]})[g], "trtexec": cmd})
+        engines.append({"graph": g, "onnx": files[g], "shapes": shapes_json({g: shapes[g]})[g], "trtexec": cmd})
     return {"profile": profile.name, "precision": precision, "settings": settings, "out_dir": str(out_dir),
             "engines": engines, "_shapes": shapes, "_files": files}
 
@@ -234,20 +106,6 @@ def device_compute_capability() -> str:
         pass
     raise UserError("cannot tell this GPU's compute capability (no NVML, no Jetson device tree, no torch.cuda): "
                     "install nvidia-ml-py (pip install 'dllm-deploy[gpu]')")
-
-
-def import_tensorrt():
-    """tensorrt (10 or newer), or a one-line error saying how to get it."""
-    try:
-        import tensorrt as trt
-    except ImportError:
-        raise UserError("TensorRT is not installed (pip install 'dllm-deploy[trt]' on a machine with an NVIDIA GPU; "
-                        "on Jetson it comes with JetPack)") from None
-    major = int(str(getattr(trt, "__version__", "0")).split(".")[0] or 0)
-    if major < 10:
-        raise UserError(f"TensorRT {trt.__version__} is too old: engines are built and run with the TensorRT 10 API "
-                        "(set_input_shape, set_tensor_address, execute_async_v3)")
-    return trt
 
 
 def build_engines(folder: str | Path, manifest: dict, plan: dict, force: bool = False,

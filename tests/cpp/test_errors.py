@@ -65,7 +65,7 @@ def bad_artifacts(tiny_artifact, tmp_path_factory):
 CASES = {
     "missing artifact": ("missing", [], "no such artifact folder", True),
     "no manifest": ("no-manifest", [], "not an artifact (no manifest.json)", True),
-    "corrupt manifest": ("corrupt", [], "corrupt manifest (", True),
+    "corrupt manifest": ("corrupt", [], "manifest.json: corrupt manifest (not JSON at line ", False),
     "unknown schema": ("schema", [], "unknown schema_version 3", True),
     "manifest without graphs": ("no-graphs", [], "corrupt manifest (no 'graphs')", True),
     "hash mismatch": ("hash", [], "verify.onnx: sha256 mismatch", True),

@@ -1,18 +1,17 @@
 import pytest
 
-from dllm_deploy.errors import UserError
-from dllm_deploy.export.engines import (
+from dllm_deploy.artifact.engines import (
     Shapes,
     build_settings,
     cache_key,
     engine_record,
     engine_shapes,
-    plan_engines,
     record_engines,
     recorded_engines,
     stale_reasons,
-    trtexec_command,
 )
+from dllm_deploy.errors import UserError
+from dllm_deploy.export.engines import plan_engines, trtexec_command
 from dllm_deploy.profiles import load_profiles
 
 MANIFEST = {"model": {"num_layers": 2, "num_kv_heads": 8, "head_dim": 128, "max_seq": 4096},

@@ -7,15 +7,10 @@ import sys
 import pytest
 
 from dllm_deploy.artifact import write_manifest
+from dllm_deploy.artifact.engines import engine_record, engine_shapes, import_tensorrt, record_engines
 from dllm_deploy.cli import main
 from dllm_deploy.errors import UserError
-from dllm_deploy.export.engines import (
-    engine_record,
-    engine_shapes,
-    import_tensorrt,
-    plan_engines,
-    record_engines,
-)
+from dllm_deploy.export.engines import plan_engines
 from dllm_deploy.profiles import load_profiles
 from dllm_deploy.runtime.backends.trt_backend import (
     check_engines,

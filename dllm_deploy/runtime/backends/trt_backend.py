@@ -28,9 +28,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ...errors import UserError
-from .base import host_excluded
-from ...export.engines import (
+from ...artifact.engines import (
     GRAPHS,
     Shapes,
     build_settings,
@@ -40,6 +38,8 @@ from ...export.engines import (
     recorded_engines,
     stale_reasons,
 )
+from ...errors import UserError
+from .base import host_excluded
 
 # tensorrt.DataType member name -> torch dtype attribute name
 TRT_TO_TORCH = {"FLOAT": "float32", "HALF": "float16", "BF16": "bfloat16", "INT64": "int64", "INT32": "int32",

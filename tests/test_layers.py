@@ -1,0 +1,49 @@
+"""The import-linter contract ([tool.importlinter] in pyproject.toml) passes on the package and
+catches each kind of forbidden import when one is added to a copy of it."""
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+LINT = shutil.which("lint-imports", path=os.path.dirname(sys.executable))
+
+pytestmark = pytest.mark.skipif(LINT is None, reason="import-linter is not installed (pip install -e '.[dev]')")
+
+
+def _lint(root: Path) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(root)}
+    return subprocess.run([LINT, "--no-cache"], cwd=root, env=env, capture_output=True, text=True, timeout=120)
+
+
+def _copy(tmp_path: Path) -> Path:
+    shutil.copytree(ROOT / "dllm_deploy", tmp_path / "dllm_deploy", ignore=shutil.ignore_patterns("*.safetensors", "__pycache__"))
+    shutil.copy(ROOT / "pyproject.toml", tmp_path / "pyproject.toml")
+    return tmp_path
+
+
+def test_the_package_keeps_its_layers():
+    p = _lint(ROOT)
+    assert p.returncode == 0, p.stdout[-3000:]
+
+
+@pytest.mark.parametrize("module, line, contract", [
+    ("runtime/api.py", "from ..export import engines", "the runtime never imports the exporter"),
+    ("runtime/loop.py", "from ..models import train", "training is on no deploy path"),
+    ("profiles/__init__.py", "from .. import cli", "nothing imports the CLI"),
+    ("runtime/backends/ort_backend.py", "import torch", "torch only in models/"),
+    ("artifact/__init__.py", "from ..models import config", "module layers"),
+])
+def test_a_forbidden_import_breaks_its_contract(tmp_path, module, line, contract):
+    root = _copy(tmp_path)
+    path = root / "dllm_deploy" / module
+    path.write_text(path.read_text() + f"\n{line}  # injected\n")
+    p = _lint(root)
+    assert p.returncode == 1, p.stdout[-3000:]
+    broken = [ln for ln in p.stdout.splitlines() if " BROKEN" in ln]
+    assert any(contract in ln for ln in broken), p.stdout[-3000:]
