@@ -97,8 +97,6 @@ class _Run:
                 break
             self.state.keep(live)
             block, f_ids, f_probs = self.next_block(k, block[live])
-        for gen, st in zip(self.gen, self.stats):
-            st["tokens"] = len(gen)
         return list(zip(self.gen, self.stats))
 
     def _suffix_len(self, k: int) -> int:
@@ -172,6 +170,7 @@ class _Run:
         for r, row in enumerate(self.state.rows):
             stop = block_status(block[r], self.mask_id, self.eos_id)[1]
             self.gen[row].extend(int(x) for x in block[r][:stop])
+            self.stats[row]["tokens"] = len(self.gen[row])
             if stop is not None:
                 self.stats[row]["finished"] = True
                 live[r] = False
@@ -210,14 +209,7 @@ class Decoder:
         t0 = time.perf_counter()
         results = _Run(self.backend, c, encoded, policy, mode, n_blocks, L).decode()
         wall = time.perf_counter() - t0
-        out = []
-        for ids, st in results:
-            r = RowResult(text=self.tok.decode(ids), token_ids=[int(i) for i in ids], **st)
-            r.tpf = r.tokens / max(r.forwards, 1)
-            r.wall_s = wall
-            r.tokens_per_s = r.tokens / wall if wall > 0 else 0.0
-            r.beam_width_used = policy.width
-            r.beam_width_requested = requested
-            out.append(r)
-        return out
+        return [RowResult(text=self.tok.decode(ids), token_ids=ids, **st, tpf=st["tokens"] / max(st["forwards"], 1),
+                          wall_s=wall, tokens_per_s=st["tokens"] / wall if wall > 0 else 0.0,
+                          beam_width_used=policy.width, beam_width_requested=requested) for ids, st in results]
 
