@@ -47,6 +47,7 @@ def _measure_here(artifact: str, beam_width: int, prefix_len: int, block_length:
     import numpy as np
 
     from .artifact import read_manifest
+    from .models.masks import block_causal_mask, tree_mask
     from .runtime.backends.ort_backend import OrtBackend
     _warm_ort()
     base = _status()["VmRSS"]
@@ -58,16 +59,14 @@ def _measure_here(artifact: str, beam_width: int, prefix_len: int, block_length:
     if prefix_len:                                                                  # the prefix, as the loop builds it
         ids = rng.integers(0, 256, (batch, prefix_len))                             # (B,P)
         pos = np.tile(np.arange(prefix_len), (batch, 1))                            # (B,P)
-        causal = np.tril(np.ones((prefix_len, prefix_len), dtype=bool))
+        causal = block_causal_mask(np.arange(prefix_len))                          # (P,P) one token a block
         be.prefill(cache, ids, pos, np.broadcast_to(causal, (batch, 1, prefix_len, prefix_len)), keep=prefix_len)
         del ids, pos, causal
     after_prefill = _status()["VmHWM"]
     n = beam_width * block_length
     ids = rng.integers(0, 256, (batch, n))                                          # (B,N)
     pos = np.tile(prefix_len + np.arange(block_length), (batch, beam_width))        # (B,N)
-    tree = np.kron(np.eye(beam_width, dtype=bool), np.ones((block_length, block_length), dtype=bool))
-    mask = np.concatenate([np.ones((batch, 1, n, prefix_len), dtype=bool),
-                           np.broadcast_to(tree, (batch, 1, n, n))], axis=-1)      # (B,1,N,P+N)
+    mask = np.broadcast_to(tree_mask(prefix_len, block_length, beam_width), (batch, 1, n, prefix_len + n))  # (B,1,N,P+N)
     for _ in range(runs):
         be.verify(cache, ids, pos, mask)
     peak = _status()["VmHWM"]

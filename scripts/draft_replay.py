@@ -30,17 +30,17 @@ def trajectories(artifact: str, n: int):
     from dllm_deploy import Runtime
     from dllm_deploy.evals import tasks
     from dllm_deploy.runtime.rules import Vanilla
-    from dllm_deploy.runtime.tree import make_tree, tree_buffers
+    from dllm_deploy.models.masks import tree_mask, tree_positions
     rt = Runtime.load(artifact=artifact, threads=1)
     be, cfg, tok = rt.backend, rt.config, rt.tokenizer
-    m, L, rule, one = cfg.mask_token_id, cfg.block_size, Vanilla(1), make_tree("chain", 1)
+    m, L, rule = cfg.mask_token_id, cfg.block_size, Vanilla(1)
     out = []
     for ex in tasks.eval_split(families=tasks.FAMILIES, n=n):
         ids = np.array(tok.encode(ex.prompt), dtype=np.int64)[None]
         p = ids.shape[1]
         cache = be.new_cache(1, p + L)
         be.prefill(cache, ids, np.arange(p)[None], np.ones((1, 1, p, p), dtype=bool), p)
-        mask, pos, _ = tree_buffers(one, p, L)
+        mask, pos = tree_mask(p, L, 1), tree_positions(p, L, 1)
         state, traj = np.full(L, m, dtype=np.int64), []
         while (state == m).any():
             top_i, top_p = be.verify(cache, state[None], pos[None].astype(np.int64), mask[None, None])

@@ -1,16 +1,14 @@
-"""Attention-mask builders: pure numpy functions, True = may attend.
+"""Attention-mask primitives: pure numpy functions, True = may attend.
 
-Shapes: a mask for T new tokens over P cached + T new keys is (T, P+T); callers add the
-batch and head axes ((B,1,T,P+T)) when they feed a graph.
+runtime/canvas.py builds every mask the decode loop feeds an engine from these (it adds rows,
+left pads and the batch and head axes); profiles/memory.py and bench.py use them for synthetic
+calls. They sit here, below profiles and runtime, so that both may import them.
+
+Shapes: a mask for T new tokens over P cached + T new keys is (T, P+T).
 """
 from __future__ import annotations
 
 import numpy as np
-
-
-def bidirectional_mask(t: int, p: int = 0) -> np.ndarray:
-    """Every new token attends to every cached and new token (LLaDA, Dream)."""
-    return np.ones((t, p + t), dtype=bool)
 
 
 def block_causal_mask(block_ids: np.ndarray, past_block_ids: np.ndarray | None = None) -> np.ndarray:

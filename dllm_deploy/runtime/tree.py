@@ -1,4 +1,4 @@
-"""SPD tree specs, tree buffers and branch drafting (pure numpy, no model calls).
+"""SPD tree specs and branch drafting (pure numpy, no model calls).
 
 A tree spec lists W nodes; ``parents[i]`` is node i's parent (-1: the current block state S),
 ``kinds[i]`` how node i is drafted from its parent:
@@ -19,7 +19,6 @@ from functools import lru_cache
 import numpy as np
 
 from ..decode_rules import PRESETS
-from ..models.masks import tree_mask, tree_positions
 from .rules import Threshold, Vanilla, _ranked_masked, commit
 
 CHAIN, RUNNER_UP, CONSERVATIVE, ALT_POSITION = 0, 1, 2, 3
@@ -79,15 +78,6 @@ def make_tree(preset: str, width: int) -> TreeSpec:
     else:
         raise ValueError(f"unknown tree preset {preset!r} (expected one of {', '.join(PRESETS)})")
     return TreeSpec(tuple(parents), tuple(kinds))
-
-
-def tree_buffers(spec: TreeSpec, p: int, block_len: int, prefix_valid=None):
-    """Verifier inputs for W packed branches after a prefix of P cached tokens.
-
-    Returns (mask (W*L, P+W*L) bool, position_ids (W*L,), branch index (W*L,))."""
-    w = spec.width
-    return (tree_mask(p, block_len, w, prefix_valid), tree_positions(p, block_len, w),
-            np.repeat(np.arange(w), block_len))
 
 
 @lru_cache(maxsize=256)

@@ -1,5 +1,5 @@
 """Bidirectional models (LLaDA, Dream) in C++: the canvas [prefix | block | suffix of masks] under
-the cache modes none, prefix and dual (loop.py::_Batch.refresh / verify_canvas), token-identical
+the cache modes none, prefix and dual (runtime/canvas.py: refresh / canvas_verify), token-identical
 to the Python ONNX Runtime runtime with the same counters; and the block-causal `none` mode.
 
 Random tiny LLaDA- and Dream-layout checkpoints (tests/conftest.py::write_checkpoint) exported

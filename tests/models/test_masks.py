@@ -1,13 +1,8 @@
 import numpy as np
 
-from dllm_deploy.models.masks import bidirectional_mask, block_causal_mask, tree_mask, tree_positions
+from dllm_deploy.models.masks import block_causal_mask, tree_mask, tree_positions
 
 T, F = True, False
-
-
-def test_bidirectional_mask_sees_everything():
-    assert bidirectional_mask(2, 3).shape == (2, 5)
-    assert bidirectional_mask(2, 3).all()
 
 
 def test_block_causal_mask_hand_drawn():

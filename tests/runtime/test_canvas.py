@@ -109,22 +109,21 @@ def test_verify_after_refresh_reproduces_it(tmp_path, layout, cache):
     predicts the block's first position, rides just before the block in every branch (the anchor)
     instead of in the cache."""
     import numpy as np
+
+    from dllm_deploy.runtime import canvas
     from dllm_deploy.runtime.backends.torch_backend import TorchBackend
-    from dllm_deploy.runtime.loop import _Batch
+    from dllm_deploy.runtime.prefix import PrefixState
     from tests.conftest import write_checkpoint
 
     be = TorchBackend.load(str(write_checkpoint(tmp_path / layout, layout)), topk=3)
     c, L = be.config, 8
     assert c.shift_logits == (layout == "dream")
-    batch = _Batch(be, c.attention, cache, [[5, 6, 7, 8, 9], [11, 12, 13]], c.pad_token_id, 64,
-                   anchor=c.shift_logits)
-    base = batch.prompt_len
+    state = PrefixState(be, canvas.Prefix.of_prompts([[5, 6, 7, 8, 9], [11, 12, 13]], c.pad_token_id))
     block = np.full((2, L), c.mask_token_id, dtype=np.int64)
     block[:, 2] = 40                                       # a committed token inside the block
-    block_pos = base[:, None] + np.arange(L)
-    suffix = (np.full((2, L), c.mask_token_id, dtype=np.int64), block_pos + L)
-    ri, rp = batch.refresh(block, block_pos, *suffix)
-    vi, vp = batch.verify_canvas(np.stack([block, block], axis=1), block_pos, *suffix)
+    args = (L, c.mask_token_id, cache, c.shift_logits)     # one block of masks after it
+    ri, rp = state.run(canvas.refresh(state.prefix, block, *args))                            # (B,1,L,K)
+    vi, vp = state.run(canvas.canvas_verify(state.prefix, np.stack([block, block], axis=1), *args))
     for w in range(2):
-        np.testing.assert_array_equal(vi[:, w, :, 0], ri[:, :, 0])
-        np.testing.assert_allclose(vp[:, w], rp, atol=1e-5)
+        np.testing.assert_array_equal(vi[:, w, :, 0], ri[:, 0, :, 0])
+        np.testing.assert_allclose(vp[:, w], rp[:, 0], atol=1e-5)

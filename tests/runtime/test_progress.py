@@ -19,7 +19,7 @@ from dllm_deploy.models.config import DLLMConfig
 from dllm_deploy.models.exclusion import excluded_ids
 from dllm_deploy.models.loading import load_model
 from dllm_deploy.runtime.api import decode_config
-from dllm_deploy.runtime.loop import demote_excluded
+from dllm_deploy.runtime.prefix import demote_excluded
 from dllm_deploy.runtime.strategies import DecodeConfig, Policy
 from tests.conftest import ARGMAX_CASES, STRATEGIES
 

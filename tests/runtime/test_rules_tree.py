@@ -2,8 +2,7 @@ import numpy as np
 import pytest
 
 from dllm_deploy.runtime.rules import Threshold, ThresholdSchedule, Vanilla
-from dllm_deploy.runtime.tree import (ALT_POSITION, CHAIN, CONSERVATIVE, RUNNER_UP, Drafter, make_tree, node_depths,
-                                      tree_buffers)
+from dllm_deploy.runtime.tree import ALT_POSITION, CHAIN, CONSERVATIVE, RUNNER_UP, Drafter, make_tree, node_depths
 
 M = 99  # mask id
 
@@ -51,14 +50,6 @@ def test_tree_presets_hand_drawn():
     assert make_tree("chain", 1).parents == (-1,)
     with pytest.raises(ValueError):
         make_tree("bushy", 3)
-
-
-def test_tree_buffers_hand_drawn():
-    mask, pos, branch = tree_buffers(make_tree("chain", 2), p=1, block_len=2)
-    T, F = True, False
-    assert mask.tolist() == [[T, T, T, F, F], [T, T, T, F, F], [T, F, F, T, T], [T, F, F, T, T]]
-    assert pos.tolist() == [1, 2, 1, 2]
-    assert branch.tolist() == [0, 0, 1, 1]
 
 
 def test_drafter_chain_and_runner_up():

@@ -14,7 +14,7 @@ sees an engine's tensors.
 No backend returns the mask token or a pad token distinct from EOS as a choice (DESIGN §8): the
 graphs of a schema-2 artifact and the torch backend exclude them before the softmax. A schema-1
 artifact's graphs do not; its backend lists them in ``host_excluded`` and the decode loop demotes
-them where engine results come back (loop.py::demote_excluded).
+them where engine results come back (prefix.py::demote_excluded).
 """
 from __future__ import annotations
 
