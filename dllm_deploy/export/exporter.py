@@ -32,7 +32,8 @@ from ..errors import UserError
 from ..models.exclusion import excluded_ids
 from .graphs import PrefillGraph, VerifyGraph, dynamic_axes, io_names
 
-PRECISIONS = ("fp32", "fp16", "int8")
+PRECISIONS = ("fp32", "fp16", "int8", "int4")
+QUANTIZED = ("int8", "int4")          # weight-only: top-1 may differ from fp32; parity reports, never fails
 DEFAULT_OPSET = 17
 TOPK = 2
 
@@ -152,8 +153,11 @@ def parity(folder: Path, files: dict, module, cfg, shapes, dtype, providers=("CP
 
 
 def export(model: str = "tiny", out: str | Path = "artifact", precisions=("fp32",), block_length: int | None = None,
-           max_beam_width: int = 8, opset: int = DEFAULT_OPSET, force: bool = False, log=print) -> dict:
-    """Export ``model`` (``tiny`` or a Hugging Face folder) into the artifact folder ``out``."""
+           max_beam_width: int = 8, opset: int = DEFAULT_OPSET, force: bool = False, log=print,
+           int4_block_size: int = 32, int4_symmetric: bool = True) -> dict:
+    """Export ``model`` (``tiny`` or a Hugging Face folder) into the artifact folder ``out``.
+    ``int4_block_size`` / ``int4_symmetric``: the int4 variant's quantization (MatMulNBits blocks
+    along each weight's input dimension; symmetric = no zero points)."""
     from ..models.loading import load_model, resolve_model_dir
     from ..models.tokenizer import load_tokenizer
 
@@ -165,6 +169,12 @@ def export(model: str = "tiny", out: str | Path = "artifact", precisions=("fp32"
         precisions.insert(0, "fp32")
     if max_beam_width < 1:
         raise UserError("--max-beam-width must be >= 1")
+    if int4_block_size < 16 or int4_block_size & (int4_block_size - 1):
+        raise UserError(f"--int4-block-size must be a power of two >= 16 (got {int4_block_size})")
+    quant = {"int4": {"method": "MatMulNBits", "bits": 4, "block_size": int4_block_size, "symmetric": int4_symmetric,
+                      "op_types": ["MatMul"]},
+             "int8": {"method": "dynamic", "bits": 8, "symmetric": True, "op_types": ["MatMul"]}}
+    quant = {p: q for p, q in quant.items() if p in precisions}
     given = Path(out)
     out = given.resolve()
     t0 = time.time()
@@ -184,7 +194,7 @@ def export(model: str = "tiny", out: str | Path = "artifact", precisions=("fp32"
             work = scratch / "artifact"
             work.mkdir()
             files, parity_report = _write_artifact(work, module, cfg, tok, src, block_length or cfg.block_size,
-                                                   precisions, max_beam_width, opset, log)
+                                                   precisions, max_beam_width, opset, log, quant)
             replace_dir(work, out, scratch)
         except OSError as e:
             raise UserError(f"{out}: cannot write the artifact: {e.filename or out}: {e.strerror}") from None
@@ -196,8 +206,9 @@ def export(model: str = "tiny", out: str | Path = "artifact", precisions=("fp32"
 
 
 def _write_artifact(tmp: Path, module, cfg, tok, src: Path, L: int, precisions: list, max_beam_width: int,
-                    opset: int, log) -> tuple[dict, dict]:
-    """Every file of the artifact, manifest last, into the empty folder ``tmp``."""
+                    opset: int, log, quant: dict) -> tuple[dict, dict]:
+    """Every file of the artifact, manifest last, into the empty folder ``tmp``; ``quant``: the
+    options of each quantized precision (recorded in the manifest's ``quantization``)."""
     import onnx
     import torch
     t0 = time.time()
@@ -212,8 +223,8 @@ def _write_artifact(tmp: Path, module, cfg, tok, src: Path, L: int, precisions: 
         rel = "" if prec == "fp32" else f"{prec}/"
         trace = tmp.parent / "trace"
         bases: dict = {}
-        if prec == "int8":
-            graphs = _int8_variant(tmp, sub)
+        if prec in QUANTIZED:
+            graphs = _int8_variant(tmp, sub) if prec == "int8" else _int4_variant(tmp, quant["int4"])
             dtype, mod = torch.float32, module
         else:
             dtype = torch.float16 if prec == "fp16" else torch.float32
@@ -227,6 +238,8 @@ def _write_artifact(tmp: Path, module, cfg, tok, src: Path, L: int, precisions: 
         log(f"parity {prec} ...")
         try:
             parity_report[prec] = parity(tmp, files[prec], mod, cfg, shapes, dtype)
+            if prec in QUANTIZED:
+                parity_report[prec]["note"] = "weight-only quantized: compared with fp32 torch, top-1 may differ"
         except Exception as e:  # fp16 kernels may be missing on the CPU execution provider
             if prec == "fp32":
                 raise
@@ -247,7 +260,7 @@ def _write_artifact(tmp: Path, module, cfg, tok, src: Path, L: int, precisions: 
                                             "attention_mask": ["batch", 1, "tokens", "kv_len"],
                                             "past": ["batch", cfg.num_kv_heads, "past", cfg.head_dim],
                                             "top": ["batch", "tokens", TOPK]}} for g in names},
-        "precisions": files, "parity": parity_report,
+        "precisions": files, "quantization": quant, "parity": parity_report,
         "created_s": round(time.time() - t0, 1),
     }
     fp32 = parity_report["fp32"]
@@ -315,6 +328,21 @@ def _make_parent(out: Path) -> None:
         out.parent.mkdir(parents=True, exist_ok=True)
     except OSError as e:
         raise UserError(f"{out}: cannot create {e.filename or out.parent} ({e.strerror})") from None
+
+
+def _int4_variant(fp32_dir: Path, opts: dict) -> dict:
+    """Weight-only int4 (ONNX Runtime's MatMulNBits, the format of ONNX Runtime GenAI's LLMs) of
+    the fp32 graphs: every MatMul with a constant weight, in blocks of ``opts['block_size']``
+    input rows, one fp32 scale (and, asymmetric, one 4-bit zero point) per block."""
+    import onnx
+    from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
+    graphs = {}
+    for g in ("prefill", "verify"):
+        q = MatMulNBitsQuantizer(onnx.load(str(fp32_dir / f"{g}.onnx")), bits=4, block_size=opts["block_size"],
+                                 is_symmetric=opts["symmetric"], op_types_to_quantize=tuple(opts["op_types"]))
+        q.process()
+        graphs[g] = q.model.model
+    return graphs
 
 
 def _int8_variant(fp32_dir: Path, sub: Path) -> dict:
