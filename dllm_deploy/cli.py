@@ -136,7 +136,7 @@ def cmd_export(a) -> int:
             diff = par.get("max_abs_diff", {})
             print(f"  {prec:<5} {size / 1e6:7.2f} MB   parity vs torch: logits {diff.get('prefill_logits', float('nan')):.2e}"
                   f"  kv {diff.get('prefill_kv', float('nan')):.2e}  verify probs {diff.get('verify_probs', float('nan')):.2e}"
-                  f"  top-1 identical {par.get('top1_ids_identical')}")
+                  f"  top-1 identical {par.get('top1_ids_identical')}" + (f" ({par['note']})" if "note" in par else ""))
     return 0
 
 

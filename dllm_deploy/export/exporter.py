@@ -63,6 +63,17 @@ def _tensor_bytes(t, base: Path) -> bytes:
         return f.read(int(info["length"])) if "length" in info else f.read()
 
 
+def _all_tensors(graph):
+    """The initializers and the tensors of node attributes (torch stores large Constant values
+    as external data too)."""
+    yield from graph.initializer
+    for node in graph.node:
+        for attr in node.attribute:
+            if attr.HasField("t"):
+                yield attr.t
+            yield from attr.tensors
+
+
 def share_weights(models: dict, folder: Path, weights_name: str, min_bytes: int = 1024,
                   bases: dict | None = None) -> int:
     """Store every large initializer of all graphs once, in ``weights_name``; graphs point at it
@@ -74,7 +85,7 @@ def share_weights(models: dict, folder: Path, weights_name: str, min_bytes: int 
     with open(folder / weights_name, "wb") as f:
         for name, model in models.items():
             base = (bases or {}).get(name, folder)
-            for t in model.graph.initializer:
+            for t in _all_tensors(model.graph):
                 raw = _tensor_bytes(t, base)
                 if len(raw) < min_bytes:
                     if t.data_location == onnx.TensorProto.EXTERNAL:
