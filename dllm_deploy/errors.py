@@ -19,3 +19,16 @@ def file_error(path: str | Path, e: OSError, what: str = "") -> UserError:
     problem as a missing file."""
     reason = _REASONS.get(e.errno) or (e.strerror or type(e).__name__).lower()
     return UserError(f"{path}: {what + ': ' if what else ''}{reason}")
+
+
+def read_text(path: Path, not_utf8: str = "not UTF-8 text") -> str:
+    """A user's text file as str: an unreadable file or one that is not UTF-8 is a UserError naming
+    the file (and, for bad bytes, the first one and its offset)."""
+    try:
+        data = Path(path).read_bytes()
+    except OSError as e:
+        raise file_error(path, e) from None
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise UserError(f"{path}: {not_utf8} (byte {data[e.start]:#04x} at offset {e.start})") from None

@@ -7,6 +7,15 @@ from pathlib import Path
 
 import pytest
 
+# the five decode strategies every parity and progress check runs (SPD at W 4, chain tree)
+STRATEGIES = {
+    "vanilla": {"strategy": "vanilla"},
+    "threshold": {"strategy": "threshold"},
+    "spd-lossless-vanilla": {"strategy": "spd", "beam_width": 4},
+    "spd-lossless-threshold": {"strategy": "spd", "base": "threshold", "beam_width": 4},
+    "spd-select-threshold": {"strategy": "spd", "select": "threshold", "beam_width": 4},
+}
+
 LAYOUT_CONFIGS = {
     "llada": {"model_type": "llada", "d_model": 64, "n_heads": 4, "n_kv_heads": 4, "n_layers": 2,
               "mlp_hidden_size": 96, "vocab_size": 300, "embedding_size": 300, "mask_token_id": 299,

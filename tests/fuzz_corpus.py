@@ -84,31 +84,54 @@ def mutate_bytes(data: bytes, rng: random.Random) -> bytes:
 
 
 def mutated_manifest(rng: random.Random, valid: dict) -> bytes:
-    """The bytes of a manifest.json: a structural mutation, a byte mutation, or both."""
+    """The bytes of a manifest.json: a structural mutation, a byte mutation, or both; sometimes a
+    value replaced by lists nested deeper than a JSON reader's recursion limit."""
     what = rng.random()
     obj = mutate_json(valid, rng) if what < 0.7 else valid
+    if rng.random() < 0.15 and isinstance(valid.get("model"), dict):     # wrong sizes: model dims
+        obj = json.loads(json.dumps(valid))
+        dims = [k for k, v in obj["model"].items() if isinstance(v, int) and not isinstance(v, bool)]
+        key = rng.choice(dims)
+        obj["model"][key] = rng.choice([0, 1, obj["model"][key] // 2, obj["model"][key] * 2 + 1, 2**31 - 1])
     data = json.dumps(obj, indent=2).encode()
+    if rng.random() < 0.1 and isinstance(obj, dict) and obj:
+        depth = rng.choice([199, 201, 5000])
+        key = json.dumps(rng.choice(sorted(obj, key=str))).encode()
+        data = data.replace(key + b": ", key + b": " + b"[" * depth + b"0" + b"]" * depth + b", \"_was\": ", 1)
     return mutate_bytes(data, rng) if what > 0.5 else data
 
 
 def odd_prompts(rng: random.Random) -> bytes:
-    """A prompts file (one prompt a line) with NULs, bytes that are not UTF-8, CRs and long lines."""
+    """A prompts file (one prompt a line) with NULs, bytes that are not UTF-8, CRs, long lines and
+    JSON-string lines (good and broken escapes)."""
     pieces = [b"upper: hello\n", b"a\0b\n", b"\xff\xfe bad utf-8 \xc3\n", b"\xed\xa0\x80 surrogate\n", b"\r\n", b"\n",
-              "é ü 日本\n".encode(), b"x" * rng.choice([100, 5000, 70000]) + b"\n", b"\\x41 \\u00e9 \\\n", b"no newline at end"]
+              "\u00e9 \u00fc \u65e5\u672c\n".encode(), b"x" * rng.choice([100, 5000, 70000]) + b"\n", b"\\x41 \\u00e9 \\\n",
+              b'"upper: war\\n"\n', b'"\\u0000"\n', b'"\\ud800"\n', b'"unterminated\n', b'"\\x"\n', b"no newline at end"]
     return b"".join(rng.choice(pieces) for _ in range(rng.randrange(1, 8)))
 
 
-def write_corpus(folder: Path, n: int, seed: int) -> list[Path]:
-    """Write ``n`` artifact-like folders (``artifact-NNN/``: stub files + a mutated manifest.json)
-    and ``n`` prompt files (``prompts-NNN.txt``) under ``folder``; the same seed writes the same
-    files. Returns their paths, folders first."""
+def write_corpus(folder: Path, n: int, seed: int, base: Path | None = None) -> list[Path]:
+    """Write ``n`` artifact-like folders (``artifact-NNN/``) and ``n`` prompt files
+    (``prompts-NNN.txt``) under ``folder``; the same seed writes the same files. Each folder holds a
+    mutated manifest.json beside stub files, or, with ``base`` (a real artifact), beside symlinks
+    to the base's files, so that a manifest that survives mutation reaches the graph loader.
+    Returns their paths, folders first."""
     rng = random.Random(seed)
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
+    valid = json.loads((Path(base) / "manifest.json").read_text()) if base is not None else None
     artifacts, prompts = [], []
     for i in range(n):
         art = folder / f"artifact-{i:03d}"
-        (art / "manifest.json").write_bytes(mutated_manifest(rng, stub_artifact(art)))
+        if base is None:
+            manifest = stub_artifact(art)
+        else:
+            art.mkdir()
+            for f in Path(base).iterdir():
+                if f.name != "manifest.json":
+                    (art / f.name).symlink_to(f.resolve())
+            manifest = valid
+        (art / "manifest.json").write_bytes(mutated_manifest(rng, manifest))
         artifacts.append(art)
         p = folder / f"prompts-{i:03d}.txt"
         p.write_bytes(odd_prompts(rng))

@@ -9,7 +9,7 @@ import hashlib
 import json
 from pathlib import Path
 
-from ..errors import UserError, file_error
+from ..errors import UserError, file_error, read_text
 
 SCHEMA_VERSION = 2
 # 1: the graphs may emit the mask token (the runtime excludes it on the host, with a warning);
@@ -36,14 +36,9 @@ def write_manifest(folder: Path, manifest: dict) -> None:
 
 def _load_json(path: Path) -> object:
     """The manifest's JSON value; a file that cannot be read or parsed is the user's mistake."""
+    text = read_text(path, "corrupt manifest (not UTF-8 text)")
     try:
-        data = path.read_bytes()
-    except OSError as e:
-        raise file_error(path, e) from None
-    try:
-        return json.loads(data.decode("utf-8"))
-    except UnicodeDecodeError as e:
-        raise UserError(f"{path}: corrupt manifest (not UTF-8 text: byte {data[e.start]:#04x} at offset {e.start})") from None
+        return json.loads(text)
     except json.JSONDecodeError as e:
         raise UserError(f"{path}: corrupt manifest ({e.msg}, line {e.lineno})") from None
     except RecursionError:

@@ -19,7 +19,7 @@ from pathlib import Path
 import yaml
 
 from ..decode_rules import problem
-from ..errors import UserError, file_error
+from ..errors import UserError, file_error, read_text
 
 BUNDLED = Path(__file__).resolve().parent
 
@@ -142,14 +142,9 @@ class Profiles(dict):
 
 def _read_yaml(path: Path):
     """The YAML value of one profile file; an unreadable, non-UTF-8 or invalid file is a UserError."""
+    text = read_text(path)
     try:
-        data = path.read_bytes()
-    except OSError as e:
-        raise file_error(path, e) from None
-    try:
-        return yaml.safe_load(data.decode("utf-8"))
-    except UnicodeDecodeError as e:
-        raise UserError(f"{path}: not UTF-8 text (byte {data[e.start]:#04x} at offset {e.start})") from None
+        return yaml.safe_load(text)
     except yaml.YAMLError as e:
         raise UserError(f"{path}: not valid YAML ({str(e).splitlines()[0]})") from None
     except RecursionError:

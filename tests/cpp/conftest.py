@@ -9,17 +9,11 @@ from pathlib import Path
 
 import pytest
 
+from ..conftest import STRATEGIES  # noqa: F401  (re-exported for the C++ tests)
+
 REPO = Path(__file__).resolve().parents[2]
 BUILD_SCRIPT = REPO / "cpp" / "scripts" / "build.sh"
 
-# the five decode strategies every parity check runs (SPD at W 4, chain tree)
-STRATEGIES = {
-    "vanilla": {"strategy": "vanilla"},
-    "threshold": {"strategy": "threshold"},
-    "spd-lossless-vanilla": {"strategy": "spd", "beam_width": 4},
-    "spd-lossless-threshold": {"strategy": "spd", "base": "threshold", "beam_width": 4},
-    "spd-select-threshold": {"strategy": "spd", "select": "threshold", "beam_width": 4},
-}
 
 
 def _build(kind: str) -> Path:

@@ -21,16 +21,9 @@ from dllm_deploy.models.loading import load_model
 from dllm_deploy.runtime.api import decode_config
 from dllm_deploy.runtime.loop import demote_excluded
 from dllm_deploy.runtime.strategies import DecodeConfig, Policy
-from tests.conftest import ARGMAX_CASES
+from tests.conftest import ARGMAX_CASES, STRATEGIES
 
 L, GEN = 8, 16        # two blocks of 8: the commit / refresh forward between blocks runs too
-STRATEGIES = {
-    "vanilla": {"strategy": "vanilla"},
-    "threshold": {"strategy": "threshold"},
-    "spd-lossless-vanilla": {"strategy": "spd", "beam_width": 4},
-    "spd-lossless-threshold": {"strategy": "spd", "base": "threshold", "beam_width": 4},
-    "spd-select-threshold": {"strategy": "spd", "select": "threshold", "beam_width": 4},
-}
 MODES = {"llada": ("none", "prefix", "dual"), "dream": ("none", "prefix", "dual"), "block_causal": ("exact", "none")}
 PROMPTS = ["hello", "a longer prompt, 2+3="]
 
