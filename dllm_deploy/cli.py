@@ -47,7 +47,7 @@ def _add_decode_flags(p: argparse.ArgumentParser) -> None:
     src = p.add_mutually_exclusive_group()
     src.add_argument("--model", default=None, help="'tiny' (bundled) or a Hugging Face folder; runs on torch")
     src.add_argument("--artifact", default=None, help="an exported artifact folder; runs on ONNX Runtime")
-    p.add_argument("--precision", default=None, help="artifact precision variant (fp32, fp16, int8; default fp32)")
+    p.add_argument("--precision", default=None, help="artifact precision variant (fp32, fp16, int8, int4; default fp32)")
     p.add_argument("--profile", default="auto", help="device profile name, or 'auto' (detect)")
     for o in _FLAG_OPTIONS:
         p.add_argument(o.flag, dest=o.name, type=_FLAG_TYPES[o.type], default=None, help=o.help_text(profiles=True))
@@ -121,7 +121,8 @@ def cmd_export(a) -> int:
     from .export.exporter import export
     log = (lambda msg: None) if a.json else (lambda msg: print(msg, file=sys.stderr))
     res = export(model=a.model, out=a.out, precisions=[p.strip() for p in a.precision.split(",") if p.strip()],
-                 block_length=a.block_length, max_beam_width=a.max_beam_width, opset=a.opset, force=a.force, log=log)
+                 block_length=a.block_length, max_beam_width=a.max_beam_width, opset=a.opset, force=a.force, log=log,
+                 int4_block_size=a.int4_block_size, int4_symmetric=a.int4_symmetric)
     if a.json:
         print(json.dumps(res))
     else:
@@ -131,7 +132,7 @@ def cmd_export(a) -> int:
             diff = par.get("max_abs_diff", {})
             print(f"  {prec:<5} {size / 1e6:7.2f} MB   parity vs torch: logits {diff.get('prefill_logits', float('nan')):.2e}"
                   f"  kv {diff.get('prefill_kv', float('nan')):.2e}  verify probs {diff.get('verify_probs', float('nan')):.2e}"
-                  f"  top-1 identical {par.get('top1_ids_identical')}")
+                  f"  top-1 identical {par.get('top1_ids_identical')}" + (f" ({par['note']})" if "note" in par else ""))
     return 0
 
 
@@ -359,7 +360,11 @@ def build_parser() -> argparse.ArgumentParser:
     x = sub.add_parser("export", help="export a model to an ONNX artifact (prefill + verify graphs)")
     x.add_argument("--model", default="tiny", help="'tiny' or a Hugging Face folder")
     x.add_argument("--out", required=True, help="artifact folder to write")
-    x.add_argument("--precision", default="fp32", help="comma-separated: fp32,fp16,int8 (fp32 always)")
+    x.add_argument("--precision", default="fp32", help="comma-separated: fp32,fp16,int8,int4 (fp32 always)")
+    x.add_argument("--int4-block-size", type=int, default=32,
+                   help="int4: weights per quantization block along the input dimension (power of two >= 16)")
+    x.add_argument("--int4-asymmetric", dest="int4_symmetric", action="store_false",
+                   help="int4: a zero point per block (default symmetric: scales only)")
     x.add_argument("--block-length", type=int, default=None, help="block length L (default: the model's)")
     x.add_argument("--max-beam-width", type=int, default=8, help="largest W the artifact is checked for")
     x.add_argument("--opset", type=int, default=17)

@@ -97,7 +97,7 @@ def tiny_runtime():
 def tiny_artifact(tmp_path_factory):
     from dllm_deploy.export.exporter import export
     out = tmp_path_factory.mktemp("artifact") / "tiny"
-    report = export("tiny", out, precisions=["fp32", "int8"], max_beam_width=8, log=lambda m: None)
+    report = export("tiny", out, precisions=["fp32", "int8", "int4"], max_beam_width=8, log=lambda m: None)
     return out, report
 
 

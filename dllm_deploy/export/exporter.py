@@ -17,7 +17,6 @@ Nothing but its own artifact is ever deleted or left half-written (artifact/fsio
 from __future__ import annotations
 
 import hashlib
-import io
 import json
 import os
 import shutil
@@ -33,32 +32,66 @@ from ..errors import UserError
 from ..models.exclusion import excluded_ids
 from .graphs import PrefillGraph, VerifyGraph, dynamic_axes, io_names
 
-PRECISIONS = ("fp32", "fp16", "int8")
+PRECISIONS = ("fp32", "fp16", "int8", "int4")
+QUANTIZED = ("int8", "int4")          # weight-only: top-1 may differ from fp32; parity reports, never fails
 DEFAULT_OPSET = 17
 TOPK = 2
 
 
-def _export_graph(module, args, names: dict, axes: dict, opset: int):
+def _export_graph(module, args, names: dict, axes: dict, opset: int, path: Path):
+    """Trace ``module`` into ``path``, returned without its weights loaded: torch writes a graph over
+    protobuf's 2 GB limit with each weight in its own file beside ``path`` (external data), and
+    share_weights streams those files one tensor at a time instead of holding them all."""
     import onnx
     import torch
-    buf = io.BytesIO()
     with torch.no_grad():
-        torch.onnx.export(module, args, buf, input_names=names["inputs"], output_names=names["outputs"],
+        torch.onnx.export(module, args, str(path), input_names=names["inputs"], output_names=names["outputs"],
                           dynamic_axes={k: v for k, v in axes.items() if k in names["inputs"] + names["outputs"]},
                           opset_version=opset, dynamo=False, do_constant_folding=True)
-    return onnx.load_from_string(buf.getvalue())
+    return onnx.load(str(path), load_external_data=False)
 
 
-def share_weights(models: dict, folder: Path, weights_name: str, min_bytes: int = 1024) -> int:
+def _tensor_bytes(t, base: Path) -> bytes:
+    """The raw little-endian bytes of initializer ``t``: inline, or read from its external file
+    (ONNX external data: location relative to ``base``, optional offset and length)."""
+    import onnx
+    if t.data_location != onnx.TensorProto.EXTERNAL:
+        return t.raw_data if t.raw_data else onnx.numpy_helper.to_array(t).tobytes()
+    info = {e.key: e.value for e in t.external_data}
+    with open(base / info["location"], "rb") as f:
+        f.seek(int(info.get("offset", 0)))
+        return f.read(int(info["length"])) if "length" in info else f.read()
+
+
+def _all_tensors(graph):
+    """The initializers and the tensors of node attributes (torch stores large Constant values
+    as external data too)."""
+    yield from graph.initializer
+    for node in graph.node:
+        for attr in node.attribute:
+            if attr.HasField("t"):
+                yield attr.t
+            yield from attr.tensors
+
+
+def share_weights(models: dict, folder: Path, weights_name: str, min_bytes: int = 1024,
+                  bases: dict | None = None) -> int:
     """Store every large initializer of all graphs once, in ``weights_name``; graphs point at it
-    (ONNX external data). Identical tensors (by content) are written once. Returns bytes written."""
+    (ONNX external data). Identical tensors (by content) are written once. Initializers already
+    external are read one at a time from their files under ``bases[graph]`` (default ``folder``),
+    so the weights never sit in memory all at once. Returns bytes written."""
     import onnx
     offsets: dict[str, tuple[int, int]] = {}
     with open(folder / weights_name, "wb") as f:
-        for model in models.values():
-            for t in model.graph.initializer:
-                raw = onnx.numpy_helper.to_array(t).tobytes() if not t.raw_data else t.raw_data
+        for name, model in models.items():
+            base = (bases or {}).get(name, folder)
+            for t in _all_tensors(model.graph):
+                raw = _tensor_bytes(t, base)
                 if len(raw) < min_bytes:
+                    if t.data_location == onnx.TensorProto.EXTERNAL:
+                        del t.external_data[:]
+                        t.data_location = onnx.TensorProto.DEFAULT
+                        t.raw_data = raw
                     continue
                 key = hashlib.sha256(raw).hexdigest() + str(t.data_type)
                 if key not in offsets:
@@ -66,6 +99,7 @@ def share_weights(models: dict, folder: Path, weights_name: str, min_bytes: int 
                     f.write(b"\0" * pad)
                     offsets[key] = (f.tell(), len(raw))
                     f.write(raw)
+                del raw
                 off, n = offsets[key]
                 t.ClearField("raw_data")
                 for field in ("float_data", "int32_data", "int64_data", "double_data", "uint64_data"):
@@ -97,37 +131,44 @@ def _max_diff(a: np.ndarray, b: np.ndarray) -> float:
 
 
 def parity(folder: Path, files: dict, module, cfg, shapes, dtype, providers=("CPUExecutionProvider",)) -> dict:
-    """Run both graphs in ONNX Runtime and in torch on the same inputs; report max abs diffs."""
+    """Run both graphs in ONNX Runtime and in torch on the same inputs; report max abs diffs.
+    One session is alive at a time, so a big model's check holds one ONNX Runtime copy of the
+    weights beside torch's."""
     import onnxruntime as ort
     import torch
     so = ort.SessionOptions()
     so.log_severity_level = 3
-    sess = {g: ort.InferenceSession(str(folder / files[g]), so, providers=list(providers)) for g in ("prefill", "verify")}
     names = io_names(cfg.num_layers)
     worst = {"prefill_logits": 0.0, "prefill_kv": 0.0, "verify_probs": 0.0}
     ids_equal = True
-    for i, (b, t, p) in enumerate(shapes):
-        ids, pos, mask, past = _dummy(cfg, b, t, p, dtype, seed=i)
-        # realistic masks: block-diagonal branches when t is a multiple of the block
-        feeds = {"input_ids": ids.numpy(), "position_ids": pos.numpy(), "attention_mask": mask.numpy()}
-        feeds.update({n: x.numpy() for n, x in zip(names["prefill"]["inputs"][3:], past)})
-        with torch.no_grad():
-            pt = PrefillGraph(module, TOPK)(ids, pos, mask, *past)
-            vt = VerifyGraph(module, TOPK)(ids, pos, mask, *past)
-        po = sess["prefill"].run(None, feeds)
-        vo = sess["verify"].run(None, feeds)
-        worst["prefill_logits"] = max(worst["prefill_logits"], _max_diff(po[0], pt[0].float().numpy()))
-        kv = max(float(np.abs(o.astype(np.float32) - x.float().numpy()).max()) for o, x in zip(po[3:], pt[3:]))
-        worst["prefill_kv"] = max(worst["prefill_kv"], kv)
-        worst["verify_probs"] = max(worst["verify_probs"], float(np.abs(vo[1] - vt[1].numpy()).max()))
-        # top-1 ids must agree (ties among lower ranks may legitimately swap)
-        ids_equal &= bool((vo[0][..., 0] == vt[0].numpy()[..., 0]).all())
+    for g, wrap in (("prefill", PrefillGraph), ("verify", VerifyGraph)):
+        sess = ort.InferenceSession(str(folder / files[g]), so, providers=list(providers))
+        graph = wrap(module, TOPK)
+        for i, (b, t, p) in enumerate(shapes):
+            ids, pos, mask, past = _dummy(cfg, b, t, p, dtype, seed=i)
+            feeds = {"input_ids": ids.numpy(), "position_ids": pos.numpy(), "attention_mask": mask.numpy()}
+            feeds.update({n: x.numpy() for n, x in zip(names["prefill"]["inputs"][3:], past)})
+            with torch.no_grad():
+                ref = graph(ids, pos, mask, *past)
+            got = sess.run(None, feeds)
+            if g == "prefill":
+                worst["prefill_logits"] = max(worst["prefill_logits"], _max_diff(got[0], ref[0].float().numpy()))
+                kv = max(float(np.abs(o.astype(np.float32) - x.float().numpy()).max()) for o, x in zip(got[3:], ref[3:]))
+                worst["prefill_kv"] = max(worst["prefill_kv"], kv)
+            else:
+                worst["verify_probs"] = max(worst["verify_probs"], float(np.abs(got[1] - ref[1].numpy()).max()))
+                # top-1 ids must agree (ties among lower ranks may legitimately swap)
+                ids_equal &= bool((got[0][..., 0] == ref[0].numpy()[..., 0]).all())
+        del sess
     return {"max_abs_diff": worst, "top1_ids_identical": ids_equal, "shapes": [list(s) for s in shapes]}
 
 
 def export(model: str = "tiny", out: str | Path = "artifact", precisions=("fp32",), block_length: int | None = None,
-           max_beam_width: int = 8, opset: int = DEFAULT_OPSET, force: bool = False, log=print) -> dict:
-    """Export ``model`` (``tiny`` or a Hugging Face folder) into the artifact folder ``out``."""
+           max_beam_width: int = 8, opset: int = DEFAULT_OPSET, force: bool = False, log=print,
+           int4_block_size: int = 32, int4_symmetric: bool = True) -> dict:
+    """Export ``model`` (``tiny`` or a Hugging Face folder) into the artifact folder ``out``.
+    ``int4_block_size`` / ``int4_symmetric``: the int4 variant's quantization (MatMulNBits blocks
+    along each weight's input dimension; symmetric = no zero points)."""
     from ..models.loading import load_model, resolve_model_dir
     from ..models.tokenizer import load_tokenizer
 
@@ -139,6 +180,12 @@ def export(model: str = "tiny", out: str | Path = "artifact", precisions=("fp32"
         precisions.insert(0, "fp32")
     if max_beam_width < 1:
         raise UserError("--max-beam-width must be >= 1")
+    if int4_block_size < 16 or int4_block_size & (int4_block_size - 1):
+        raise UserError(f"--int4-block-size must be a power of two >= 16 (got {int4_block_size})")
+    quant = {"int4": {"method": "MatMulNBits", "bits": 4, "block_size": int4_block_size, "symmetric": int4_symmetric,
+                      "op_types": ["MatMul"]},
+             "int8": {"method": "dynamic", "bits": 8, "symmetric": True, "op_types": ["MatMul"]}}
+    quant = {p: q for p, q in quant.items() if p in precisions}
     given = Path(out)
     out = given.resolve()
     t0 = time.time()
@@ -158,7 +205,7 @@ def export(model: str = "tiny", out: str | Path = "artifact", precisions=("fp32"
             work = scratch / "artifact"
             work.mkdir()
             files, parity_report = _write_artifact(work, module, cfg, tok, src, block_length or cfg.block_size,
-                                                   precisions, max_beam_width, opset, log)
+                                                   precisions, max_beam_width, opset, log, quant)
             replace_dir(work, out, scratch)
         except OSError as e:
             raise UserError(f"{out}: cannot write the artifact: {e.filename or out}: {e.strerror}") from None
@@ -170,13 +217,13 @@ def export(model: str = "tiny", out: str | Path = "artifact", precisions=("fp32"
 
 
 def _write_artifact(tmp: Path, module, cfg, tok, src: Path, L: int, precisions: list, max_beam_width: int,
-                    opset: int, log) -> tuple[dict, dict]:
-    """Every file of the artifact, manifest last, into the empty folder ``tmp``."""
+                    opset: int, log, quant: dict) -> tuple[dict, dict]:
+    """Every file of the artifact, manifest last, into the empty folder ``tmp``; ``quant``: the
+    options of each quantized precision (recorded in the manifest's ``quantization``)."""
     import onnx
     import torch
     t0 = time.time()
     names = io_names(cfg.num_layers)
-    axes = dynamic_axes(cfg.num_layers)
     files: dict[str, dict] = {}
     parity_report: dict[str, dict] = {}
     shapes = [(1, 24, 0), (2, L, 24), (1, 2 * L, 40), (1, max_beam_width * L, 48)]
@@ -185,23 +232,25 @@ def _write_artifact(tmp: Path, module, cfg, tok, src: Path, L: int, precisions: 
         sub = tmp if prec == "fp32" else tmp / prec
         sub.mkdir(exist_ok=True)
         rel = "" if prec == "fp32" else f"{prec}/"
-        if prec == "int8":
-            graphs = _int8_variant(tmp, sub)
+        trace = tmp.parent / "trace"
+        bases: dict = {}
+        if prec in QUANTIZED:
+            graphs = _int8_variant(tmp, sub) if prec == "int8" else _int4_variant(tmp, quant["int4"])
             dtype, mod = torch.float32, module
         else:
             dtype = torch.float16 if prec == "fp16" else torch.float32
             mod = module.to(dtype) if prec == "fp16" else module
-            args = _dummy(cfg, 1, L, 4, dtype)
-            args = (args[0], args[1], args[2], *args[3])
-            graphs = {"prefill": _export_graph(PrefillGraph(mod, TOPK), args, names["prefill"], axes, opset),
-                      "verify": _export_graph(VerifyGraph(mod, TOPK), args, names["verify"], axes, opset)}
-        share_weights(graphs, sub, "weights.bin")
+            graphs, bases = _trace_graphs(mod, cfg, L, dtype, opset, trace)
+        share_weights(graphs, sub, "weights.bin", bases=bases)
+        shutil.rmtree(trace, ignore_errors=True)
         for g, m in graphs.items():
             onnx.save(m, str(sub / f"{g}.onnx"))
         files[prec] = {"prefill": f"{rel}prefill.onnx", "verify": f"{rel}verify.onnx", "weights": f"{rel}weights.bin"}
         log(f"parity {prec} ...")
         try:
             parity_report[prec] = parity(tmp, files[prec], mod, cfg, shapes, dtype)
+            if prec in QUANTIZED:
+                parity_report[prec]["note"] = "weight-only quantized: compared with fp32 torch, top-1 may differ"
         except Exception as e:  # fp16 kernels may be missing on the CPU execution provider
             if prec == "fp32":
                 raise
@@ -222,7 +271,7 @@ def _write_artifact(tmp: Path, module, cfg, tok, src: Path, L: int, precisions: 
                                             "attention_mask": ["batch", 1, "tokens", "kv_len"],
                                             "past": ["batch", cfg.num_kv_heads, "past", cfg.head_dim],
                                             "top": ["batch", "tokens", TOPK]}} for g in names},
-        "precisions": files, "parity": parity_report,
+        "precisions": files, "quantization": quant, "parity": parity_report,
         "created_s": round(time.time() - t0, 1),
     }
     fp32 = parity_report["fp32"]
@@ -230,6 +279,20 @@ def _write_artifact(tmp: Path, module, cfg, tok, src: Path, L: int, precisions: 
         raise UserError(f"parity check failed: {json.dumps(fp32)}")
     write_manifest(tmp, manifest)
     return files, parity_report
+
+
+def _trace_graphs(module, cfg, L: int, dtype, opset: int, trace: Path) -> tuple[dict, dict]:
+    """Both graphs traced into their own sub-folders of ``trace`` (the external weight files of
+    the two graphs carry the same names); returns the graphs (weights not loaded) and those folders."""
+    names, axes = io_names(cfg.num_layers), dynamic_axes(cfg.num_layers)
+    ids, pos, mask, past = _dummy(cfg, 1, L, 4, dtype)
+    graphs, bases = {}, {}
+    for g, wrap in (("prefill", PrefillGraph), ("verify", VerifyGraph)):
+        bases[g] = trace / g
+        bases[g].mkdir(parents=True)
+        graphs[g] = _export_graph(wrap(module, TOPK), (ids, pos, mask, *past), names[g], axes, opset,
+                                  bases[g] / f"{g}.onnx")
+    return graphs, bases
 
 
 def _is_artifact(folder: Path) -> bool:
@@ -276,6 +339,21 @@ def _make_parent(out: Path) -> None:
         out.parent.mkdir(parents=True, exist_ok=True)
     except OSError as e:
         raise UserError(f"{out}: cannot create {e.filename or out.parent} ({e.strerror})") from None
+
+
+def _int4_variant(fp32_dir: Path, opts: dict) -> dict:
+    """Weight-only int4 (ONNX Runtime's MatMulNBits, the format of ONNX Runtime GenAI's LLMs) of
+    the fp32 graphs: every MatMul with a constant weight, in blocks of ``opts['block_size']``
+    input rows, one fp32 scale (and, asymmetric, one 4-bit zero point) per block."""
+    import onnx
+    from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
+    graphs = {}
+    for g in ("prefill", "verify"):
+        q = MatMulNBitsQuantizer(onnx.load(str(fp32_dir / f"{g}.onnx")), bits=4, block_size=opts["block_size"],
+                                 is_symmetric=opts["symmetric"], op_types_to_quantize=tuple(opts["op_types"]))
+        q.process()
+        graphs[g] = q.model.model
+    return graphs
 
 
 def _int8_variant(fp32_dir: Path, sub: Path) -> dict:

@@ -110,7 +110,7 @@ def load_model(model: str | Path, dtype=None, attention: str = "sdpa"):
             continue
         if tuple(t.shape) != expected[ours]:
             raise UserError(f"{folder}: tensor {name} has shape {tuple(t.shape)}, expected {expected[ours]}")
-        tensors[ours] = t
+        tensors[ours] = t.float()          # the module's dtype; no copy when the checkpoint is fp32
     if cfg.tie_word_embeddings:
         tensors.pop("lm_head.weight", None)
         expected.pop("lm_head.weight", None)
@@ -118,7 +118,9 @@ def load_model(model: str | Path, dtype=None, attention: str = "sdpa"):
     if missing:
         raise UserError(f"{folder}: missing tensor {missing[0]} ({len(missing)} missing in all)")
     module = module.to_empty(device="cpu")
-    module.load_state_dict(tensors, strict=False, assign=False)
+    # assign: the parameters become the tensors just read (the empty ones were never touched, so
+    # never resident): one copy of the weights in memory, not two
+    module.load_state_dict(tensors, strict=False, assign=True)
     if cfg.tie_word_embeddings:
         module.lm_head.weight = module.model.embed_tokens.weight
     module.eval().set_attention(attention)

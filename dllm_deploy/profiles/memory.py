@@ -6,10 +6,13 @@ Dimension legend
     N  = W * L, tokens in one verification forward                    P  cached prefix tokens
     S  = P + N, keys a verified token attends                         T  tokens of a prefill
     C  hidden   F  SwiGLU width   V  vocabulary   H  query heads   Hkv  KV heads   D  head dim
-    b  bytes of a weight (precision)   a  bytes of an activation / KV element (fp32 for int8)
+    b  bytes of a weight (precision)   a  bytes of an activation / KV element (fp32 for int8, int4)
 
 Terms (bytes)
     weights   = copies_w * params * b
+                int4 (MatMulNBits): every MatMul weight (K, N) as N * ceil(K / block) blocks of
+                block / 2 bytes + a 4-byte scale (+ half a byte of zero point, asymmetric); the
+                other parameters (embedding, norms) stay fp32
     kv        = B * P * 2 * layers * Hkv * D * a                          the prefix cache
     prefill   = copies_p * B * T * (tok(T) + V * 4 + 2 * layers * Hkv * D * a)
                                                                            + the logits it returns
@@ -37,6 +40,7 @@ from __future__ import annotations
 import os
 
 BYTES = {"fp32": 4, "fp16": 2, "bf16": 2, "int8": 1}
+INT4_BLOCK = 32          # the exporter's default --int4-block-size
 
 # multiples of each term a backend keeps resident (see the module docstring)
 RESIDENCY = {
@@ -54,8 +58,28 @@ def param_count(cfg: dict) -> int:
     return nl * per_layer + v * c * (1 if cfg.get("tie_word_embeddings") else 2) + c
 
 
+def matmul_weight_shapes(cfg: dict) -> list[tuple[int, int]]:
+    """(K, N) of every MatMul weight of the graphs: per layer q, k, v, o, gate, up, down, then the LM head."""
+    c, f, v = cfg["hidden_size"], cfg["intermediate_size"], cfg["vocab_size"]
+    h, hkv, d = cfg["num_heads"], cfg["num_kv_heads"], cfg["head_dim"]
+    layer = [(c, h * d), (c, hkv * d), (c, hkv * d), (h * d, c), (c, f), (c, f), (f, c)]
+    return layer * cfg["num_layers"] + [(c, v)]
+
+
+def weight_bytes(cfg: dict, precision: str = "fp32", block_size: int = INT4_BLOCK, symmetric: bool = True) -> int:
+    """Bytes of one copy of the weights in ``precision`` (int4: module docstring)."""
+    if precision != "int4":
+        return param_count(cfg) * BYTES[precision]
+    mm = matmul_weight_shapes(cfg)
+    quant = 0
+    for k, n in mm:
+        kb = -(-k // block_size)                          # blocks per output column: ceil(K / block)
+        quant += n * kb * (block_size // 2 + 4) + (0 if symmetric else n * -(-kb // 2))
+    return quant + (param_count(cfg) - sum(k * n for k, n in mm)) * 4
+
+
 def _act_bytes(precision: str) -> int:
-    return 4 if precision in ("fp32", "int8") else 2      # int8 quantizes weights only
+    return 4 if precision in ("fp32", "int8", "int4") else 2      # int8 / int4 quantize weights only
 
 
 def _per_token(cfg: dict, keys: int, a: int) -> int:
@@ -72,14 +96,14 @@ def estimate_bytes(cfg: dict, precision: str = "fp32", batch: int = 1, beam_widt
                    max_seq: int | None = None, prefix_len: int | None = None, backend: str = "ort") -> dict:
     """Bytes of each term and the total (module docstring). ``prefix_len`` = P of one measured
     configuration (prefill of T = P tokens); unset = the worst case under ``max_seq``."""
-    b, a = BYTES[precision], _act_bytes(precision)
+    a = _act_bytes(precision)
     res = RESIDENCY[backend]
     s_max = int(max_seq or cfg["max_seq"])
     p = int(prefix_len) if prefix_len is not None else max(s_max - block_length, 0)
     t = int(prefix_len) if prefix_len is not None else s_max
     n = beam_width * block_length
     kv_tok = kv_bytes_per_token(cfg, precision)
-    weights = res["weights"] * param_count(cfg) * b
+    weights = res["weights"] * weight_bytes(cfg, precision)
     kv = batch * p * kv_tok
     prefill = res["prefill"] * batch * t * (_per_token(cfg, t, a) + cfg["vocab_size"] * 4 + kv_tok)
     verify = res["verify"] * batch * n * _per_token(cfg, p + n, a)

@@ -17,7 +17,7 @@ def test_artifact_layout_and_manifest(tiny_artifact):
     folder, report = tiny_artifact
     m = read_manifest(folder)
     assert m["schema_version"] == 2
-    assert set(m["precisions"]) == {"fp32", "int8"}
+    assert set(m["precisions"]) == {"fp32", "int8", "int4"}
     for f in ("prefill.onnx", "verify.onnx", "weights.bin", "int8/prefill.onnx", "int8/verify.onnx", "int8/weights.bin"):
         assert f in m["files"], f
     assert m["graphs"]["prefill"]["inputs"][:3] == ["input_ids", "position_ids", "attention_mask"]
