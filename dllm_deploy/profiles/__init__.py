@@ -36,7 +36,7 @@ _MEMORY = {"fraction": float, "reserve_mb": int}
 _TRT = {"workspace_mb": int, "opt_level": int, "hardware_compatibility": str}
 _ORT = {"intra_op_threads": int, "provider_options": dict}
 KINDS = ("cpu", "gpu", "jetson")
-PRECISIONS = ("fp32", "fp16", "int8")
+PRECISIONS = ("fp32", "fp16", "int8", "int4")
 HW_COMPAT = ("none", "ampere_plus", "same_compute_capability")
 
 
