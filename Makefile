@@ -22,9 +22,11 @@ test: $(STAMP) cpp
 
 # The C/C++ embedding (docs/cpp.md): ONNX Runtime headers + library into build/onnxruntime,
 # then libdllm_deploy.so, dllm-generate and dllm-embed into build/cpp (the tests add an
-# AddressSanitizer build in build/cpp-asan with `cpp/scripts/build.sh asan`).
+# AddressSanitizer build in build/cpp-asan with `cpp/scripts/build.sh asan`); ctest then rebuilds
+# every golden plan of tests/cpp/fixtures with cpp/src/canvas.cpp and compares it exactly.
 cpp: $(STAMP)
 	PYTHON=$(abspath $(PY)) cpp/scripts/build.sh release
+	ctest --test-dir build/cpp --output-on-failure
 
 # Retrain the bundled tiny dLLM with the committed recipe (docs/training.md; not part of CI).
 # Phase 1: 3500 autoregressive warm-up steps, then 4500 block-diffusion steps, batch 16 (about 86

@@ -13,18 +13,19 @@ namespace dllm::detail {
 
 namespace {
 
-// Index just past the first EOS if every position before it is committed, else -1
-// (loop.py::_finished_at).
-int64_t finished_at(const int64_t* tokens, int n, int64_t mask_id, int64_t eos_id) {
-  for (int i = 0; i < n; ++i) {
-    if (tokens[i] == eos_id) return i + 1;
-    if (tokens[i] == mask_id) return -1;  // a masked position before the first EOS
-  }
-  return -1;
-}
+// (done, stop) of a block state (L,) (loop.py::block_status): stop is the index just past the
+// first EOS when every position before it is committed (the row ends), else -1; done when it
+// ends or is full.
+struct BlockStatus {
+  bool done;
+  int64_t stop;
+};
 
-bool any_mask(const int64_t* tokens, int n, int64_t mask_id) {
-  return std::find(tokens, tokens + n, mask_id) != tokens + n;
+BlockStatus block_status(const std::vector<int64_t>& tokens, int64_t mask_id, int64_t eos_id) {
+  const auto eos = std::find(tokens.begin(), tokens.end(), eos_id);
+  if (std::find(tokens.begin(), eos, mask_id) == eos && eos != tokens.end())
+    return {true, eos - tokens.begin() + 1};
+  return {std::find(tokens.begin(), tokens.end(), mask_id) == tokens.end(), -1};
 }
 
 }  // namespace
@@ -156,240 +157,141 @@ RowResult Engine::generate(const std::string& prompt, const DecodeOptions& cfg_i
   return out;
 }
 
-// One forward over the whole canvas (loop.py::_Batch.refresh): [prefix | block | suffix], or
-// [prefix | suffix | block] in mode dual, every token attending every token. none: the verify
-// graph over an empty cache; prefix / dual: a fresh cache keeps the KV of the prefix (and the
-// suffix). With an anchor (shifted logits) the prefix's last token stays out of the cache: dual
-// orders the canvas [prefix minus it | suffix | it | block]. fi/fp (L,K) <- f(block).
-void Engine::refresh(const int64_t* block, int64_t block_base, size_t suffix_len, int64_t* fi, float* fp) {
-  OrtBackend& be = *backend_;
-  const size_t P = prefix_.size(), L = L_, S = suffix_len, N = P + L + S, K = K_, A = anchor_ ? 1 : 0;
-  const bool dual = mode_ == CacheMode::kDual;
-  int64_t* ids = be.ids();
-  int64_t* pos = be.pos();
-  const size_t head = dual ? P - A : P;  // prefix tokens in front of everything else
-  for (size_t i = 0; i < head; ++i) ids[i] = prefix_[i], pos[i] = static_cast<int64_t>(i);
-  if (dual && A) ids[P - 1 + S] = prefix_[P - 1], pos[P - 1 + S] = static_cast<int64_t>(P - 1);
-  const size_t at = dual ? P + S : P, suffix_at = dual ? head : P + L;  // where the block / suffix sit
-  for (size_t j = 0; j < L; ++j) ids[at + j] = block[j], pos[at + j] = block_base + static_cast<int64_t>(j);
-  for (size_t j = 0; j < S; ++j)
-    ids[suffix_at + j] = mask_id_, pos[suffix_at + j] = block_base + static_cast<int64_t>(L + j);
-  be.clear_cache();
-  std::fill(be.mask(), be.mask() + N * N, uint8_t{1});  // batch 1: no padding, every key is valid
-  if (mode_ == CacheMode::kNone)
-    be.verify(N);
-  else
-    be.prefill(N, P - A + (dual ? S : 0));  // dual: the cache is [prefix | suffix]
-  std::copy(be.top_ids() + at * K, be.top_ids() + (at + L) * K, fi);
-  std::copy(be.top_probs() + at * K, be.top_probs() + (at + L) * K, fp);
-}
-
-// f(node) for the W drafted block states of a bidirectional model in one forward
-// (loop.py::_Batch.verify_canvas): prefix mode, each branch = [node | suffix] over the prefix
-// cache; dual, each branch = [node] over the prefix + suffix cache; none (W = 1), the whole canvas.
-// With an anchor each branch starts with the prefix's last token. vi_/vp_ <- (W,L,K).
-void Engine::verify_canvas(int64_t block_base, size_t suffix_len) {
-  OrtBackend& be = *backend_;
-  const size_t L = L_, W = W_, K = K_;
-  if (mode_ == CacheMode::kNone) {  // resolve_cache allows W = 1 only
-    refresh(nodes_.data(), block_base, suffix_len, vi_.data(), vp_.data());
-    return;
-  }
-  const size_t A = anchor_ ? 1 : 0, S = mode_ == CacheMode::kDual ? 0 : suffix_len, G = A + L + S, T = W * G;
-  const size_t P = be.cache_length(), cols = P + T;
-  int64_t* ids = be.ids();
-  int64_t* pos = be.pos();
-  uint8_t* mask = be.mask();
-  for (size_t w = 0; w < W; ++w) {
-    if (A) ids[w * G] = prefix_.back(), pos[w * G] = static_cast<int64_t>(prefix_.size() - 1);
-    for (size_t j = 0; j < L + S; ++j) {
-      ids[w * G + A + j] = j < L ? nodes_[w * L + j] : mask_id_;
-      pos[w * G + A + j] = block_base + static_cast<int64_t>(j);  // the suffix follows the block
-    }
-  }
-  for (size_t r = 0; r < T; ++r) {
-    uint8_t* row = mask + r * cols;
-    std::fill(row, row + P, uint8_t{1});  // the cached prefix (and, dual, suffix)
-    for (size_t c = 0; c < T; ++c) row[P + c] = r / G == c / G;
-  }
-  be.verify(T);
-  for (size_t w = 0; w < W; ++w) {
-    std::copy(be.top_ids() + (w * G + A) * K, be.top_ids() + (w * G + A + L) * K, vi_.begin() + w * L * K);
-    std::copy(be.top_probs() + (w * G + A) * K, be.top_probs() + (w * G + A + L) * K, vp_.begin() + w * L * K);
-  }
-}
-
-// A block-causal forward over the new tokens the caller put at ids/pos [off, off+t) with their
-// mask rows [off, off+t) (columns: the prefix, then the t new tokens). exact: they follow the
-// cache (off = 0), prefill keeps the KV of the first `keep`, verify (keep = 0) keeps nothing.
-// none (loop.py::_Batch.forward without a cache): the prefix is recomputed in front of them
-// (off = its length) with the verify graph: it attends itself block-causally (a block attends
-// its own and earlier blocks) and never the new tokens. top_ids/top_probs rows [off, off+t).
-void Engine::forward_block_causal(size_t t, size_t keep) {
-  OrtBackend& be = *backend_;
-  if (mode_ != CacheMode::kNone) {
-    if (keep)
-      be.prefill(t, keep);
-    else
-      be.verify(t);
-    return;
-  }
-  const size_t off = blk_.size(), cols = off + t;
-  int64_t* ids = be.ids();
-  int64_t* pos = be.pos();
-  uint8_t* mask = be.mask();
-  for (size_t i = 0; i < off; ++i) ids[i] = prefix_[i], pos[i] = static_cast<int64_t>(i);
-  for (size_t r = 0; r < off; ++r) {
-    uint8_t* row = mask + r * cols;
-    for (size_t c = 0; c < off; ++c) row[c] = blk_[c] <= blk_[r] || c == r;
-    std::fill(row + off, row + cols, uint8_t{0});
-  }
-  be.verify(cols);
-}
-
+// The decode loop (loop.py::_Run.decode): the first block, then each block decoded until it is
+// full or ends, its tokens kept, and the next block started (commit or refresh).
 void Engine::run(const std::vector<int64_t>& prompt, const DecodeOptions& cfg, Policy& policy, int n_blocks,
                  CacheMode mode, RowResult& out) {
-  const int64_t m = manifest_.model.mask_token_id, eos = manifest_.model.eos_token_id;
-  const size_t L = static_cast<size_t>(cfg.block_length), W = static_cast<size_t>(policy.width());
-  const size_t p = prompt.size(), nb = static_cast<size_t>(n_blocks), N = p + nb * L;
-  const bool bidi = manifest_.model.attention != "block_causal";  // the canvas carries the suffix
-  const bool none = mode == CacheMode::kNone;
-  OrtBackend& be = *backend_;
-  const size_t K = static_cast<size_t>(be.topk());
-  mode_ = mode, L_ = L, W_ = W, K_ = K, mask_id_ = m;
-  anchor_ = bidi && manifest_.model.shift_logits && !none;  // loop.py::_Batch anchor
+  const ModelConfig& mc = manifest_.model;
+  mode_ = mode, L_ = static_cast<size_t>(cfg.block_length), n_blocks_ = static_cast<size_t>(n_blocks);
+  mask_id_ = mc.mask_token_id, eos_id_ = mc.eos_token_id;
+  bidi_ = mc.attention != "block_causal";
+  anchor_ = mc.shift_logits;  // canvas.cpp keeps it out of mode none
+  size_buffers(prompt, n_blocks_, mode, static_cast<size_t>(policy.width()));
+  out.accepted_hist.assign(W_ + 2, 0);
+  out.token_ids.reserve(n_blocks_ * L_);
+  first_block();
+  out.forwards = 1;
+  for (size_t k = 0; k < n_blocks_; ++k) {
+    decode_block(k, policy, out);
+    const int64_t stop = block_status(state_, mask_id_, eos_id_).stop;
+    out.token_ids.insert(out.token_ids.end(), state_.begin(), stop >= 0 ? state_.begin() + stop : state_.end());
+    out.finished = stop >= 0;
+    if (k == n_blocks_ - 1 || out.finished) break;
+    next_block(k);
+    out.forwards += 1;
+  }
+  while (out.accepted_hist.size() > 1 && out.accepted_hist.back() == 0) out.accepted_hist.pop_back();
+}
 
-  // every buffer sized once (max_tokens new tokens over max_past cached, prefills within
-  // max_present). Block-causal: the fused prefill (p+L), a verification (W*L) or a commit (2L),
-  // over a cache of at most the prompt and the committed blocks (none: that prefix comes in front
-  // of the new tokens, nothing is cached). Bidirectional: the canvas N per refresh (none: per
-  // step), prefix-mode branches W*(L+S) with S up to (n_blocks-1)*L, dual ones W*L, over a cache
-  // of at most N-L (the prefix, dual: and the suffix); an anchor adds one token per branch.
-  if (bidi)
-    be.reserve(std::max(N, W * ((anchor_ ? 1 : 0) + (mode == CacheMode::kPrefix ? nb * L : L))), none ? 0 : N - L,
-               none ? 0 : N);
+// Every buffer sized once (max_tokens new tokens over max_past cached, prefills within
+// max_present). Block-causal: the fused prefill (p+L), a verification (W*L) or a commit (2L), over
+// a cache of at most the prompt and the committed blocks (none: that prefix comes in front of the
+// new tokens, nothing is cached). Bidirectional: the canvas N per refresh (none: per step),
+// prefix-mode branches W*(L+S) with S up to (n_blocks-1)*L, dual ones W*L, over a cache of at
+// most N-L (the prefix, dual: and the suffix); an anchor adds one token per branch.
+void Engine::size_buffers(const std::vector<int64_t>& prompt, size_t n_blocks, CacheMode mode, size_t W) {
+  OrtBackend& be = *backend_;
+  const size_t L = L_, p = prompt.size(), N = p + n_blocks * L;
+  const bool none = mode == CacheMode::kNone;
+  W_ = W, K_ = static_cast<size_t>(be.topk());
+  if (bidi_)
+    be.reserve(std::max(N, W * ((anchor_ && !none ? 1 : 0) + (mode == CacheMode::kPrefix ? n_blocks * L : L))),
+               none ? 0 : N - L, none ? 0 : N);
   else if (none)
     be.reserve(N - L + std::max(W * L, 2 * L), 0, 0);
   else
     be.reserve(std::max({p + L, W * L, 2 * L}), N, N);
   state_.resize(L);
   nodes_.resize(W * L);
-  fi_.resize(L * K);
-  fp_.resize(L * K);
-  vi_.resize(W * L * K);
-  vp_.resize(W * L * K);
-  prefix_.assign(prompt.begin(), prompt.end());
-  prefix_.reserve(N);  // grows by a block per commit: reserved, so the loop allocates nothing
-  blk_.clear();
-  blk_.reserve(N);
-  out.accepted_hist.assign(W + 2, 0);
-  out.token_ids.reserve(nb * L);
+  fi_.resize(L * K_);
+  fp_.resize(L * K_);
+  vi_.resize(W * L * K_);
+  vp_.resize(W * L * K_);
+  prefix_ = Prefix::of_prompt(prompt);
   be.clear_cache();
-  int64_t* ids = be.ids();
-  int64_t* pos = be.pos();
-  uint8_t* mask = be.mask();
-  std::fill(state_.begin(), state_.end(), m);
+}
 
-  if (bidi) {  // one forward over the canvas [prompt | L masks | suffix of masks]
-    refresh(state_.data(), static_cast<int64_t>(p), (nb - 1) * L, fi_.data(), fp_.data());
-  } else {
-    // prefill fused with the first block's all-mask forward: [prompt | L masks]
-    // mask (T,T): the prompt attends the prompt; the block attends everything
-    const size_t T = p + L;
-    for (size_t i = 0; i < p; ++i) ids[i] = prompt[i], pos[i] = static_cast<int64_t>(i);
-    for (size_t j = 0; j < L; ++j) ids[p + j] = m, pos[p + j] = static_cast<int64_t>(p + j);
-    for (size_t r = 0; r < T; ++r)
-      for (size_t c = 0; c < T; ++c) mask[r * T + c] = r >= p || c < p;
-    forward_block_causal(T, p);  // none: no prefix yet, so the same inputs through verify
-    std::copy(be.top_ids() + p * K, be.top_ids() + T * K, fi_.begin());
-    std::copy(be.top_probs() + p * K, be.top_probs() + T * K, fp_.begin());
-    if (none) blk_.assign(p, 0);  // the prompt is block 0 of the prefix
-  }
-  out.forwards = 1;
+// The first block's state, all masks, and f of it (loop.py::_Run.first_block): the prompt is
+// prefilled here, fused with the block (block-causal) or as the canvas's prefix (bidirectional).
+void Engine::first_block() {
+  std::fill(state_.begin(), state_.end(), mask_id_);
+  const Plan plan = bidi_ ? refresh(prefix_, state_.data(), L_, suffix_len(0), mask_id_, mode_, anchor_)
+                          : detail::first_block(prefix_, state_.data(), L_, mode_);
+  run_plan(plan, fi_.data(), fp_.data());
+}
 
-  const int n = static_cast<int>(L);
-  for (int blk = 0; blk < n_blocks; ++blk) {
-    const int64_t base = static_cast<int64_t>(p) + static_cast<int64_t>(blk) * n;  // first position of the block
-    const size_t suffix = bidi ? (nb - static_cast<size_t>(blk) - 1) * L : 0;    // masks after the block
-    int64_t step = 0;                                                             // rule steps taken
-    bool ended = false;                                                           // EOS reached
-    for (;;) {
-      policy.plan(state_.data(), fi_.data(), fp_.data(), static_cast<int>(K), step, nodes_.data());
-      std::copy(nodes_.begin(), nodes_.begin() + n, state_.begin());  // node 0 is known exactly
-      if (finished_at(state_.data(), n, m, eos) >= 0) {
-        ended = true;
-        break;
-      }
-      if (!any_mask(state_.data(), n, m)) break;
-      const int64_t* vi;
-      const float* vp;
-      if (bidi) {
-        verify_canvas(base, suffix);
-        vi = vi_.data(), vp = vp_.data();
-      } else {
-        // verify: W branches at positions base..base+L-1; each attends the prefix and its own L
-        const size_t off = none ? blk_.size() : 0, P = none ? off : be.cache_length();
-        const size_t T = W * L, cols = P + T;
-        for (size_t i = 0; i < T; ++i) ids[off + i] = nodes_[i], pos[off + i] = base + static_cast<int64_t>(i % L);
-        for (size_t r = 0; r < T; ++r) {
-          uint8_t* row = mask + (off + r) * cols;
-          std::fill(row, row + P, uint8_t{1});
-          for (size_t c = 0; c < T; ++c) row[P + c] = r / L == c / L;
-        }
-        forward_block_causal(T, 0);
-        vi = be.top_ids() + off * K, vp = be.top_probs() + off * K;
-      }
-      int64_t steps = 0;
-      const int cur = policy.select(nodes_.data(), vi, vp, static_cast<int>(K), step, &steps);
-      out.forwards += 1;
-      out.accepted_hist[static_cast<size_t>(steps)] += 1;
-      std::copy(nodes_.begin() + cur * n, nodes_.begin() + (cur + 1) * n, state_.begin());
-      std::copy(vi + cur * L * K, vi + (cur + 1) * L * K, fi_.begin());
-      std::copy(vp + cur * L * K, vp + (cur + 1) * L * K, fp_.begin());
-      step += steps;
-      if (finished_at(state_.data(), n, m, eos) >= 0) {
-        ended = true;
-        break;
-      }
-      if (!any_mask(state_.data(), n, m)) break;
-    }
-    const int64_t stop = finished_at(state_.data(), n, m, eos);
-    out.token_ids.insert(out.token_ids.end(), state_.begin(), state_.begin() + (stop >= 0 ? stop : n));
-    if (stop >= 0) out.finished = true;
-    if (blk == n_blocks - 1 || ended) break;
-
-    if (bidi) {
-      // the finished block joins the prefix; one forward over the canvas refreshes the cache
-      prefix_.insert(prefix_.end(), state_.begin(), state_.end());
-      std::fill(state_.begin(), state_.end(), m);
-      refresh(state_.data(), base + n, suffix - L, fi_.data(), fp_.data());
-      out.forwards += 1;
-      continue;
-    }
-    // commit the full block fused with the next block's all-mask forward: [block | L masks]
-    // mask (2L, P+2L): the prefix, then block-causal between the two blocks
-    const size_t off = none ? blk_.size() : 0, P = none ? off : be.cache_length();
-    const size_t T = 2 * L, cols = P + T;
-    for (size_t i = 0; i < T; ++i) {
-      ids[off + i] = i < L ? state_[i] : m;
-      pos[off + i] = base + static_cast<int64_t>(i);
-    }
-    for (size_t r = 0; r < T; ++r) {
-      uint8_t* row = mask + (off + r) * cols;
-      std::fill(row, row + P, uint8_t{1});
-      for (size_t c = 0; c < T; ++c) row[P + c] = c / L <= r / L;
-    }
-    forward_block_causal(T, L);
-    std::copy(be.top_ids() + (off + L) * K, be.top_ids() + (off + T) * K, fi_.begin());
-    std::copy(be.top_probs() + (off + L) * K, be.top_probs() + (off + T) * K, fp_.begin());
-    if (none) {  // the block joins the prefix as block blk+1 (the prompt is block 0)
-      prefix_.insert(prefix_.end(), state_.begin(), state_.end());
-      blk_.insert(blk_.end(), L, static_cast<int64_t>(blk) + 1);
-    }
+// Fills block k's state S until it is full or ends (loop.py::_Run.decode_block): W drafts, one
+// verify forward over them, then the selection as deep as verification allows.
+void Engine::decode_block(size_t k, Policy& policy, RowResult& out) {
+  const size_t L = L_, K = K_;
+  int64_t step = 0;  // rule steps taken
+  for (;;) {
+    policy.plan(state_.data(), fi_.data(), fp_.data(), static_cast<int>(K), step, nodes_.data());
+    std::copy(nodes_.begin(), nodes_.begin() + static_cast<long>(L), state_.begin());  // node 0 is known exactly
+    if (block_status(state_, mask_id_, eos_id_).done) return;
+    run_plan(verify_plan(k), vi_.data(), vp_.data());
+    int64_t steps = 0;
+    const size_t cur = static_cast<size_t>(policy.select(nodes_.data(), vi_.data(), vp_.data(), static_cast<int>(K),
+                                                         step, &steps));
     out.forwards += 1;
-    std::fill(state_.begin(), state_.end(), m);
+    out.accepted_hist[static_cast<size_t>(steps)] += 1;
+    std::copy(nodes_.begin() + static_cast<long>(cur * L), nodes_.begin() + static_cast<long>((cur + 1) * L),
+              state_.begin());
+    std::copy(vi_.begin() + static_cast<long>(cur * L * K), vi_.begin() + static_cast<long>((cur + 1) * L * K),
+              fi_.begin());
+    std::copy(vp_.begin() + static_cast<long>(cur * L * K), vp_.begin() + static_cast<long>((cur + 1) * L * K),
+              fp_.begin());
+    step += steps;
+    if (block_status(state_, mask_id_, eos_id_).done) return;
   }
-  while (out.accepted_hist.size() > 1 && out.accepted_hist.back() == 0) out.accepted_hist.pop_back();
+}
+
+// The verify forward of block k's W drafted states (nodes_): a tree over the cache
+// (block-causal) or W branches of the canvas (bidirectional).
+Plan Engine::verify_plan(size_t k) const {
+  if (bidi_) return canvas_verify(prefix_, nodes_.data(), W_, L_, suffix_len(k), mask_id_, mode_, anchor_);
+  return tree_verify(prefix_, nodes_.data(), W_, L_, mode_);
+}
+
+// Block k joins the prefix; the next block's state (all masks) and f of it (loop.py::
+// _Run.next_block): one fused forward commits the block's KV (block-causal), or one forward over
+// the canvas refreshes the cache (bidirectional).
+void Engine::next_block(size_t k) {
+  const std::vector<int64_t> nxt(L_, mask_id_);
+  Plan plan;
+  if (bidi_) {
+    prefix_.extend(state_.data(), L_);
+    plan = refresh(prefix_, nxt.data(), L_, suffix_len(k + 1), mask_id_, mode_, anchor_);
+  } else {
+    plan = commit_next(prefix_, state_.data(), nxt.data(), L_, mode_);
+    prefix_.extend(state_.data(), L_);
+  }
+  state_ = nxt;
+  run_plan(plan, fi_.data(), fp_.data());
+}
+
+// One engine call (prefix.py::PrefixState.run): the plan's tokens, positions and mask into the
+// backend, a prefill (keep > 0) or a verify over the cache it names; top ids/probs (W,L,K) at the
+// plan's read columns into top_ids/top_probs.
+void Engine::run_plan(const Plan& plan, int64_t* top_ids, float* top_probs) {
+  OrtBackend& be = *backend_;
+  if (plan.cache != PlanCache::kReuse) be.clear_cache();
+  if (plan.rows != 1 || plan.cached != be.cache_length())
+    fail(DLLM_ERROR_INTERNAL, "a plan over " + std::to_string(plan.cached) + " cached positions met a cache of " +
+                                  std::to_string(be.cache_length()));
+  std::copy(plan.ids.begin(), plan.ids.end(), be.ids());
+  std::copy(plan.positions.begin(), plan.positions.end(), be.pos());
+  std::copy(plan.mask.begin(), plan.mask.end(), be.mask());
+  if (plan.keep)
+    be.prefill(plan.tokens, plan.keep);
+  else
+    be.verify(plan.tokens);
+  const size_t K = K_;
+  for (size_t i = 0; i < plan.read.size(); ++i) {
+    const size_t col = static_cast<size_t>(plan.read[i]);
+    std::copy(be.top_ids() + col * K, be.top_ids() + (col + 1) * K, top_ids + i * K);
+    std::copy(be.top_probs() + col * K, be.top_probs() + (col + 1) * K, top_probs + i * K);
+  }
 }
 
 }  // namespace dllm::detail

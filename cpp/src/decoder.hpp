@@ -1,21 +1,15 @@
-// The decode loop for one prompt (batch 1): a port of dllm_deploy/runtime/loop.py (Decoder._run)
-// that is token-identical to it, counters included.
+// The decode loop for one prompt (batch 1): a port of dllm_deploy/runtime/loop.py (_Run) that is
+// token-identical to it, counters included, in the same steps:
+//     first_block                        the first block's all-mask state and f of it
+//     per block, decode_block:           until the block is full or ends (block_status)
+//         nodes = policy.plan(S, f(S))       # W drafted block states (node 0 = base rule's step)
+//         f(nodes) = one verify forward      # W branches under a tree mask
+//         S, f(S) = policy.select(nodes, f)  # as deep as verification allows
+//     next_block                         commit (block-causal) or refresh (bidirectional)
+// What each forward feeds is a canvas.hpp Plan (the builders of canvas.py); run_plan is the one
+// place an engine call is made. Every forward counts.
 //
-// Per block (L positions, all [MASK] at the start), per iteration:
-//     nodes = policy.plan(S, f(S))          # W drafted block states (node 0 = base rule's step)
-//     f(nodes) = verify(nodes)              # ONE forward, W branches under a tree mask
-//     S, f(S) = policy.select(nodes, f)     # as deep as verification allows
-// Block-causal models: the prompt prefill is fused with the first block's all-mask forward; when
-// a block is full one fused forward commits its KV and predicts the next block's first state
-// (cache `exact`; `none` recomputes the prefix in every forward with the verify graph).
-// Bidirectional models (LLaDA, Dream): every forward sees the whole canvas
-// [prefix | block | suffix of masks for the remaining blocks]; at each block start one forward
-// over the canvas refreshes the cache (`prefix`: the prefix KV; `dual`: the prefix and suffix
-// KV, the suffix ordered before the block); `none` runs the whole canvas at every step (W = 1).
-// Every forward counts.
-//
-// Dimension legend: p prompt tokens, L block length, W beam width, P cached positions, K top-k,
-// S suffix tokens, N = p + n_blocks * L the whole canvas.
+// Dimension legend: p prompt tokens, L block length, W beam width, K top-k, N = p + n_blocks * L.
 #pragma once
 
 #include <cstdint>
@@ -23,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "canvas.hpp"
 #include "manifest.hpp"
 #include "ort_backend.hpp"
 #include "policy.hpp"
@@ -56,8 +51,6 @@ struct EngineOptions {
   bool warnings_to_stderr = true;
 };
 
-enum class CacheMode { kNone, kExact, kPrefix, kDual };
-
 // loop.py::resolve_cache (the same messages): the mode a model and beam width W run under.
 CacheMode resolve_cache(const std::string& mode, const std::string& attention, int width);
 
@@ -72,11 +65,13 @@ class Engine {
   void set_beam_width_cap();
   void run(const std::vector<int64_t>& prompt, const DecodeOptions& cfg, Policy& policy, int n_blocks,
            CacheMode mode, RowResult& out);
-  // bidirectional models (loop.py::_Batch.refresh / verify_canvas)
-  void refresh(const int64_t* block, int64_t block_base, size_t suffix_len, int64_t* fi, float* fp);
-  void verify_canvas(int64_t block_base, size_t suffix_len);
-  // block-causal models: one forward over the t new tokens the caller put in ids/pos/mask
-  void forward_block_causal(size_t t, size_t keep);
+  void size_buffers(const std::vector<int64_t>& prompt, size_t n_blocks, CacheMode mode, size_t W);
+  void first_block();
+  void decode_block(size_t k, Policy& policy, RowResult& out);
+  void next_block(size_t k);
+  Plan verify_plan(size_t k) const;
+  size_t suffix_len(size_t k) const { return bidi_ ? (n_blocks_ - k - 1) * L_ : 0; }
+  void run_plan(const Plan& plan, int64_t* top_ids, float* top_probs);
 
   Manifest manifest_;
   EngineOptions options_;
@@ -87,17 +82,17 @@ class Engine {
   std::unique_ptr<OrtBackend> backend_;
   // loop state, sized once per generate (grow-only)
   CacheMode mode_ = CacheMode::kExact;
-  bool anchor_ = false;  // shifted logits under a bidirectional cache: the prefix's last token rides in each call
-  size_t L_ = 0, W_ = 1, K_ = 1;
-  int64_t mask_id_ = 0;
+  bool bidi_ = false;    // LLaDA / Dream: the canvas carries the suffix of masks
+  bool anchor_ = false;  // shifted logits: under a bidirectional cache the prefix's last token rides in each call
+  size_t L_ = 0, W_ = 1, K_ = 1, n_blocks_ = 0;
+  int64_t mask_id_ = 0, eos_id_ = 0;
+  Prefix prefix_;                // prompt + committed blocks
   std::vector<int64_t> state_;   // (L,)   the block state S
   std::vector<int64_t> nodes_;   // (W,L)  drafted states
   std::vector<int64_t> fi_;      // (L,K)  f(S): top ids
   std::vector<float> fp_;        // (L,K)  f(S): top probabilities
   std::vector<int64_t> vi_;      // (W,L,K) f(nodes): top ids
   std::vector<float> vp_;        // (W,L,K) f(nodes): top probabilities
-  std::vector<int64_t> prefix_;  // prompt + committed blocks (canvas prefix; block-causal `none`)
-  std::vector<int64_t> blk_;     // block id of each prefix token (block-causal `none`; prompt = 0)
 };
 
 }  // namespace dllm::detail

@@ -1,0 +1,63 @@
+// Engine calls as plain values: the tokens, positions and mask of every forward the decode loop
+// makes. A mirror of dllm_deploy/runtime/canvas.py: the same builders, the same argument meaning,
+// the same Plan (tests/cpp/fixtures/ hold Python's plans; cpp/tests/test_canvas.cpp rebuilds each
+// one here and compares exactly). Nothing here runs a model.
+//
+//     block-causal model (cache exact | none)     bidirectional model (LLaDA, Dream: none | prefix | dual)
+//     first_block    [prompt | block]              refresh        [prefix | block | suffix]
+//     tree_verify    W branches of the block                        dual: [prefix | suffix | block]
+//     commit_next    [block | next block]          canvas_verify  W branches [anchor | node | suffix]
+//
+// Dimension legend: B rows, P prefix positions, L block length, W branches, S suffix positions,
+// G positions of one branch, T tokens fed, C cached positions the fed tokens attend besides
+// themselves. Every array is row-major.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+namespace dllm::detail {
+
+enum class CacheMode { kNone, kExact, kPrefix, kDual };
+
+// Which cache a plan runs over: the rows' own, a new one that becomes the rows' (refresh), or a
+// throwaway one (mode none).
+enum class PlanCache { kReuse, kNew, kScratch };
+
+// The rows' committed tokens: what every call attends before the block.
+struct Prefix {
+  size_t rows = 0, length = 0;      // B, P
+  std::vector<int64_t> ids;         // (B,P) left-padded prompt, then committed blocks
+  std::vector<int64_t> positions;   // (B,P) position ids (a pad takes position 0)
+  std::vector<uint8_t> valid;       // (B,P) 0: left pad, attended by nothing but itself
+  std::vector<int64_t> blocks;      // (B,P) block id: the prompt 0, generated blocks 1, 2, ...
+
+  static Prefix of_prompt(const std::vector<int64_t>& prompt);  // one row, no padding
+  void extend(const int64_t* block, size_t n);  // a finished block (B,n) joins as the next block id
+  int64_t next_position(size_t r, size_t i) const { return positions[r * length + length - 1] + 1 + int64_t(i); }
+};
+
+// One engine call.
+struct Plan {
+  size_t rows = 0, tokens = 0, cached = 0;   // B, T, C
+  std::vector<int64_t> ids;                  // (B,T) tokens fed
+  std::vector<int64_t> positions;            // (B,T) their position ids
+  std::vector<uint8_t> mask;                 // (B,T,C+T) 1: may attend; keys are [cache | fed tokens]
+  size_t keep = 0;                           // fed tokens whose KV the cache keeps; 0: verify only
+  PlanCache cache = PlanCache::kReuse;
+  size_t branches = 0, length = 0;           // W, L of read
+  std::vector<int64_t> read;                 // (W,L) output column of each branch position
+};
+
+// Block-causal models (mode exact or none; another mode throws std::invalid_argument).
+Plan first_block(const Prefix& prefix, const int64_t* block, size_t n, CacheMode mode);       // block (B,n)
+Plan tree_verify(const Prefix& prefix, const int64_t* nodes, size_t w, size_t n, CacheMode mode);  // (B,w,n)
+Plan commit_next(const Prefix& prefix, const int64_t* block, const int64_t* nxt, size_t n, CacheMode mode);
+// Bidirectional models (mode none, prefix or dual); anchor: shifted logits (Dream).
+Plan refresh(const Prefix& prefix, const int64_t* block, size_t n, size_t suffix_len, int64_t mask_id,
+             CacheMode mode, bool anchor);
+Plan canvas_verify(const Prefix& prefix, const int64_t* nodes, size_t w, size_t n, size_t suffix_len,
+                   int64_t mask_id, CacheMode mode, bool anchor);
+
+}  // namespace dllm::detail

@@ -1,0 +1,125 @@
+// Golden plan check: every engine call recorded in tests/cpp/fixtures/*.json (plans made by
+// dllm_deploy/runtime/canvas.py during a real decode) is rebuilt with cpp/src/canvas.cpp from the
+// recorded inputs and compared exactly: ids, positions, mask, keep, cache and read.
+//   test_canvas FIXTURES_DIR      (CTest passes tests/cpp/fixtures)
+// Prints each call that differs (file, call index, builder, field) and exits 1 if any does.
+#include <algorithm>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "canvas.hpp"
+
+using dllm::detail::CacheMode;
+using dllm::detail::Plan;
+using dllm::detail::PlanCache;
+using dllm::detail::Prefix;
+using nlohmann::json;
+
+namespace {
+
+// A nested JSON array of numbers, flattened row-major.
+template <class T>
+void flatten(const json& j, std::vector<T>& out) {
+  if (!j.is_array()) return out.push_back(j.get<T>());
+  for (const json& x : j) flatten(x, out);
+}
+
+template <class T>
+std::vector<T> flat(const json& j) {
+  std::vector<T> out;
+  flatten(j, out);
+  return out;
+}
+
+Prefix prefix_of(const json& j) {
+  Prefix p;
+  p.rows = j["ids"].size();
+  p.length = p.rows ? j["ids"][0].size() : 0;
+  p.ids = flat<int64_t>(j["ids"]);
+  p.positions = flat<int64_t>(j["positions"]);
+  p.valid = flat<uint8_t>(j["valid"]);
+  p.blocks = flat<int64_t>(j["blocks"]);
+  return p;
+}
+
+CacheMode mode_of(const std::string& m) {
+  if (m == "exact") return CacheMode::kExact;
+  if (m == "prefix") return CacheMode::kPrefix;
+  if (m == "dual") return CacheMode::kDual;
+  if (m == "none") return CacheMode::kNone;
+  throw std::invalid_argument("unknown cache mode " + m);
+}
+
+// The named builder over the recorded inputs.
+Plan build(const std::string& builder, const json& in) {
+  const Prefix prefix = prefix_of(in["prefix"]);
+  const CacheMode mode = mode_of(in["mode"]);
+  if (builder == "tree_verify" || builder == "canvas_verify") {
+    const std::vector<int64_t> nodes = flat<int64_t>(in["nodes"]);
+    const size_t w = in["nodes"][0].size(), n = in["nodes"][0][0].size();
+    if (builder == "tree_verify") return tree_verify(prefix, nodes.data(), w, n, mode);
+    return canvas_verify(prefix, nodes.data(), w, n, in["suffix_len"], in["mask_id"], mode, in["anchor"]);
+  }
+  const std::vector<int64_t> block = flat<int64_t>(in["block"]);
+  const size_t n = in["block"][0].size();
+  if (builder == "first_block") return first_block(prefix, block.data(), n, mode);
+  if (builder == "commit_next") return commit_next(prefix, block.data(), flat<int64_t>(in["nxt"]).data(), n, mode);
+  if (builder == "refresh") return refresh(prefix, block.data(), n, in["suffix_len"], in["mask_id"], mode, in["anchor"]);
+  throw std::invalid_argument("unknown builder " + builder);
+}
+
+const char* cache_name(PlanCache c) {
+  return c == PlanCache::kReuse ? "reuse" : c == PlanCache::kNew ? "new" : "scratch";
+}
+
+// The fields of `got` that differ from the recorded plan, comma separated ("" when none).
+std::string differences(const Plan& got, const json& want) {
+  std::vector<uint8_t> mask;
+  for (const json& row : want["mask"])
+    for (const json& q : row)
+      for (char c : q.get<std::string>()) mask.push_back(c == '1');
+  std::string d;
+  auto check = [&d](bool same, const char* field) { if (!same) d += (d.empty() ? "" : ", ") + std::string(field); };
+  check(got.ids == flat<int64_t>(want["ids"]), "ids");
+  check(got.positions == flat<int64_t>(want["positions"]), "positions");
+  check(got.mask == mask, "mask");
+  check(got.keep == want["keep"].get<size_t>(), "keep");
+  check(cache_name(got.cache) == want["cache"].get<std::string>(), "cache");
+  check(got.read == flat<int64_t>(want["read"]) && got.branches == want["read"].size(), "read");
+  return d;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc != 2) {
+    std::fprintf(stderr, "usage: %s FIXTURES_DIR\n", argv[0]);
+    return 2;
+  }
+  std::vector<std::filesystem::path> files;
+  for (const auto& e : std::filesystem::directory_iterator(argv[1]))
+    if (e.path().extension() == ".json") files.push_back(e.path());
+  std::sort(files.begin(), files.end());
+  size_t calls = 0, failed = 0;
+  for (const auto& path : files) {
+    std::ifstream f(path);
+    const json doc = json::parse(f);
+    size_t i = 0;
+    for (const json& call : doc["calls"]) {
+      const std::string builder = call["builder"];
+      const std::string d = differences(build(builder, call["inputs"]), call["plan"]);
+      if (!d.empty()) {
+        std::printf("%s call %zu (%s): %s differ\n", path.filename().c_str(), i, builder.c_str(), d.c_str());
+        ++failed;
+      }
+      ++i, ++calls;
+    }
+  }
+  std::printf("%zu plan fixture files, %zu calls compared, %zu differ\n", files.size(), calls, failed);
+  return files.empty() || failed ? 1 : 0;
+}
