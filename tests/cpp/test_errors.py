@@ -77,7 +77,7 @@ CASES = {
     "unknown tree": ("good", ["--strategy", "spd", "--tree", "bushy"], "unknown tree preset 'bushy'", "option"),
     "threshold out of range": ("good", ["--threshold", "1.5"], "threshold must be in (0, 1]", "option"),
     "draft tau out of range": ("good", ["--strategy", "spd", "--draft-tau", "1.5"], "draft tau must be in (0, 1]", "option"),
-    "absent precision": ("good", ["--precision", "fp16"], "has no 'fp16' variant (it has fp32, int8)", True),
+    "absent precision": ("good", ["--precision", "fp16"], "has no 'fp16' variant (it has fp32, int4, int8)", True),
     "unknown cache mode": ("good", ["--cache", "full"], "unknown cache mode 'full'", "option"),
     "cache exact, bidirectional": ("bidi", ["--cache", "exact"], "cache mode 'exact' needs a block-causal model", True),
     "cache none, bidirectional, W 4": ("bidi", ["--cache", "none", "--strategy", "spd"],
