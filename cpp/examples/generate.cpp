@@ -30,7 +30,7 @@ namespace {
 
 const char* kUsage =
     "usage: dllm-generate --artifact DIR (--prompt TEXT | --prompts-file FILE) [--max-beam-width W]\n"
-    "                     [--precision fp32|int8] [--threads N] [--no-verify] [--json] [DECODE OPTIONS]\n"
+    "                     [--precision fp32|int8|int4] [--threads N] [--no-verify] [--json] [DECODE OPTIONS]\n"
     "decode options:\n";
 
 // The usage line of every declared decode option with a flag.

@@ -69,12 +69,31 @@ MemoryBudget cpu_memory_budget() {
 #endif
 }
 
+// memory.py::weight_bytes: one copy of the weights. int4 (MatMulNBits, the exporter's default block
+// of 32, symmetric): each MatMul weight (K,N) takes N * ceil(K/32) blocks of 16 bytes + a 4-byte
+// scale; every other parameter stays fp32.
+static int64_t weights_once(const ModelConfig& m, const std::string& precision) {
+  if (precision != "int4") return mul(param_count(m), weight_bytes(precision));
+  constexpr int64_t kBlock = 32;
+  const int64_t c = m.hidden_size, f = m.intermediate_size, h = m.num_heads, hkv = m.num_kv_heads, d = m.head_dim;
+  const int64_t shapes[][3] = {  // K, N, how many (memory.py::matmul_weight_shapes)
+      {c, h * d, m.num_layers}, {c, hkv * d, 2 * m.num_layers}, {h * d, c, m.num_layers},
+      {c, f, 2 * m.num_layers}, {f, c, m.num_layers}, {c, m.vocab_size, 1}};
+  int64_t quant = 0, matmul_params = 0;
+  for (const auto& s : shapes) {
+    const int64_t blocks = (s[0] + kBlock - 1) / kBlock;
+    quant = add(quant, mul({s[2], s[1], blocks, kBlock / 2 + 4}));
+    matmul_params = add(matmul_params, mul({s[2], s[0], s[1]}));
+  }
+  return add(quant, mul(std::max<int64_t>(param_count(m) - matmul_params, 0), 4));
+}
+
 int64_t estimate_bytes(const ModelConfig& m, const std::string& precision, int beam_width, int64_t block_length,
                        int64_t max_seq) {
-  const int64_t b = weight_bytes(precision), a = act_bytes(precision);
+  const int64_t a = act_bytes(precision);
   const int64_t p = std::max<int64_t>(max_seq - block_length, 0), t = max_seq, n = mul(beam_width, block_length);
   const int64_t kv_tok = mul({2, m.num_layers, m.num_kv_heads, m.head_dim, a});
-  const int64_t weights = mul({2, param_count(m), b});  // RESIDENCY["ort"]: weights 2, prefill 1, verify 2
+  const int64_t weights = mul(2, weights_once(m, precision));  // RESIDENCY["ort"]: weights 2, prefill 1, verify 2
   const int64_t kv = mul(p, kv_tok);
   const int64_t prefill = mul(t, add(add(per_token(m, t, a), mul(m.vocab_size, 4)), kv_tok));
   const int64_t verify = mul({2, n, per_token(m, add(p, n), a)});

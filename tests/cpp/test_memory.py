@@ -49,7 +49,7 @@ def _cpp(build: Path, folder: Path, precision: str, free: int, limit: int, *budg
     return json.loads(r.stdout)
 
 
-@pytest.mark.parametrize("precision", ["fp32", "int8"])
+@pytest.mark.parametrize("precision", ["fp32", "int8", "int4"])
 def test_cap_matches_python(cpp_build, tiny_artifact, tmp_path, precision):
     tiny = Path(tiny_artifact[0])
     caps = set()

@@ -54,7 +54,7 @@ struct ResultDeleter {
 
 // Loading options; the defaults are dllm_runtime_options_init's.
 struct RuntimeOptions {
-  std::string precision = "fp32";  // artifact precision variant (fp32, int8)
+  std::string precision = "fp32";  // artifact precision variant (fp32, int8, int4)
   int intra_op_threads = 0;        // ONNX Runtime intra-op threads; 0 = its default
   int max_beam_width = 0;          // user cap on W; 0 = only the manifest's cap
   bool verify_hashes = true;       // sha256 of every file the precision needs
