@@ -144,7 +144,9 @@ def test_the_sampler_draws_the_tempered_filtered_distribution():
         assert freq[want == 0].sum() == 0 and freq[7] == 0
         # slot 0: the choice at its temperature-1 probability; then the pool in order without it
         assert np.allclose(out_p[0, :, 0].numpy(), probs[out_i[0, :, 0].numpy()], rtol=1e-5)
-        first_two = np.where(out_i[0, :, 0:1].numpy() == order[0], order[1:3], order[0:2])
+        cand = np.broadcast_to(order[:3], (n, 3))
+        not_chosen = cand != out_i[0, :, 0:1].numpy()
+        first_two = np.take_along_axis(cand, np.argsort(~not_chosen, axis=1, kind="stable")[:, :2], axis=1)
         assert np.array_equal(out_i[0, :, 1:].numpy(), first_two)
     greedy = sample(logits.expand(1, 4, v), u[:, :4], torch.zeros(1), torch.zeros(1, dtype=torch.int64),
                     torch.ones(1), pool=pool, k=3)
