@@ -2,10 +2,12 @@
 from __future__ import annotations
 
 from dataclasses import fields
+from typing import Iterator
 
 from ..decode_rules import OPTIONS, PROFILE_DEFAULT_KEYS, RUNTIME_OPTIONS, option_error
 from ..errors import OptionError, UserError
 from .loop import Decoder, RowResult
+from .rows import RowOptions
 from .strategies import DecodeConfig
 
 _FIELDS = [f.name for f in fields(DecodeConfig)]
@@ -107,7 +109,21 @@ class Runtime:
         merged = {**self.decode_defaults(), **{k: v for k, v in decode.items() if v is not None}}
         return decode_config(**merged)
 
-    def generate(self, prompts: str | list[str], **decode) -> list[RowResult]:
+    def _call(self, prompts: str | list[str], rows, decode: dict) -> tuple[list[str], DecodeConfig]:
+        """The prompts as a list and the call's DecodeConfig. Given ``rows`` and no gen_length,
+        the canvas fits the largest row budget when every row has one."""
         if isinstance(prompts, str):
             prompts = [prompts]
-        return self.decoder.generate(list(prompts), self.decode_config(**decode))
+        if rows and decode.get("gen_length") is None and all(r.max_tokens for r in rows):
+            decode = {**decode, "gen_length": max(r.max_tokens for r in rows)}
+        return list(prompts), self.decode_config(**decode)
+
+    def generate(self, prompts: str | list[str], rows: list[RowOptions] | None = None, **decode) -> list[RowResult]:
+        """One RowResult per prompt: the stream collected. ``rows``: one RowOptions per prompt,
+        replacing the per-row values of the decode keywords (docs/streaming.md)."""
+        return self.decoder.generate(*self._call(prompts, rows, decode), rows)
+
+    def stream(self, prompts: str | list[str], rows: list[RowOptions] | None = None, **decode) -> Iterator[dict]:
+        """The chunks of docs/streaming.md as text becomes final (a str prompt: index 0). Close the
+        generator (break, .close()) to cancel; the runtime stays usable."""
+        return self.decoder.stream(*self._call(prompts, rows, decode), rows)
