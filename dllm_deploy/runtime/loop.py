@@ -37,6 +37,7 @@ from .prefix import PrefixState
 from .rows import RowOptions
 from .stream import RowText
 from .strategies import DecodeConfig, Policy
+from .tree import node_depths
 
 CACHE_MODES = ("none", "prefix", "dual", "exact", "auto")
 
@@ -96,7 +97,7 @@ class _Run:
         self.mask_id, self.eos_id, self.anchor = config.mask_token_id, config.eos_token_id, config.shift_logits
         self.bidi = config.attention != "block_causal"   # LLaDA / Dream: the canvas carries the suffix of masks
         prefix = canvas.Prefix.of_prompts(encoded, config.pad_token_id)
-        self.state = PrefixState(backend, prefix, prefix.ids.shape[1] + n_blocks * L if mode == "exact" else 0)
+        self.state = PrefixState(backend, prefix, prefix.ids.shape[1] + n_blocks * L if mode == "exact" else 0, rows)
         self.gen: list[list[int]] = [[] for _ in encoded]
         self.budget = [min(r.max_tokens or n_blocks * L, n_blocks * L) for r in rows]   # final ids at most
         self.stopped: set[int] = set()      # rows finished by their report (stop string, budget): they leave
@@ -161,15 +162,16 @@ class _Run:
             self.state.extend(block)
         return (nxt, *self._forward(plan))
 
-    def _verify(self, k: int, nodes: np.ndarray):
-        """f(node) (B,W,L,K) twice for the drafted states (B,W,L) of block k: one forward."""
+    def _verify(self, k: int, nodes: np.ndarray, steps: np.ndarray):
+        """f(node) (B,W,L,K) twice for the drafted states (B,W,L) of block k: one forward; node w
+        of row r serves base-rule step ``steps[r, w]`` (its sampling noise)."""
         prefix = self.state.prefix
         if self.bidi:
             return self.state.run(canvas.canvas_verify(prefix, nodes, self._suffix_len(k), self.mask_id,
-                                                       self.mode, self.anchor))
-        return self.state.run(canvas.tree_verify(prefix, nodes, self.mode))
+                                                       self.mode, self.anchor), steps)
+        return self.state.run(canvas.tree_verify(prefix, nodes, self.mode), steps)
 
-    def decode_block(self, k: int, block: np.ndarray, f_ids: np.ndarray, f_probs: np.ndarray) -> None:
+    def decode_block(self, k: int, block: np.ndarray, f_ids: np.ndarray, f_probs: np.ndarray) -> Iterator[list]:
         """Fills block k (B,L) in place, f_ids/f_probs (B,L,K) following, until every row's block
         is full or ended; reports after every forward, once node 0 (the base rule's step from its
         results, which every selection reaches) is committed."""
@@ -187,7 +189,8 @@ class _Run:
             need = np.flatnonzero(~done)
             if not need.size:
                 return
-            v_ids, v_probs = self._verify(k, nodes)                                  # (B,W,L,K)
+            serves = np.stack([step[r] + 1 + np.asarray(node_depths(d[1])) for r, d in enumerate(drafts)])   # (B,W)
+            v_ids, v_probs = self._verify(k, nodes, serves)                          # (B,W,L,K)
             for r in need:
                 cur, steps = policy.select(nodes[r], drafts[r][1], v_ids[r], v_probs[r], int(step[r]))
                 st = self.stats[self.state.rows[r]]
@@ -215,10 +218,24 @@ class Decoder:
         self.max_beam_width = max_beam_width
         self.cap_reason = "the artifact's max_beam_width"   # what set max_beam_width (for the warning)
 
+    def check_rows(self, rows: list[RowOptions]) -> None:
+        """Sampling needs graphs that sample (schema 3), and a top-k within their pool."""
+        be = self.backend
+        if be.sample_pool is None:
+            if any(o.sampling for o in rows):
+                schema = getattr(be, "manifest", {}).get("schema_version", 2)
+                raise UserError(f"{getattr(be, 'folder', be.name)}: this artifact was exported without sampling "
+                                f"(schema {schema}); re-export it to sample (temperature > 0)")
+            return
+        k = max(o.top_k for o in rows)
+        if k > be.sample_pool:
+            raise UserError(f"top k {k} is over the {be.sample_pool} tokens {getattr(be, 'folder', be.name)} samples "
+                            "from (its sampling pool; export --sample-pool sets it)")
+
     def _check_rows(self, rows: list[RowOptions] | None, n: int, dcfg: DecodeConfig) -> list[RowOptions]:
-        """One RowOptions per prompt: the decode options' values for every row unless given."""
+        """One RowOptions per prompt (default: RowOptions()), their budgets within the canvas."""
         if rows is None:
-            return [RowOptions.from_decode(dcfg)] * n
+            return [RowOptions()] * n
         rows = list(rows)
         if len(rows) != n or not all(isinstance(r, RowOptions) for r in rows):
             raise UserError(f"rows: one RowOptions per prompt expected ({n} prompts, {len(rows)} rows)")
@@ -236,10 +253,15 @@ class Decoder:
         c = self.config
         if not prompts:
             raise UserError("no prompt given")
+        rows = list(rows) if rows is not None else [RowOptions()] * len(prompts)
+        if len(rows) != len(prompts):
+            raise UserError(f"{len(rows)} row options given for {len(prompts)} prompts (one per prompt)")
+        self.check_rows(rows)
         L = dcfg.block_length
         if L < 1 or dcfg.gen_length < 1:
             raise UserError("block length and gen length must be >= 1")
         rows = self._check_rows(rows, len(prompts), dcfg)
+        self.check_rows(rows)
         requested = width = dcfg.beam_width if dcfg.strategy == "spd" else 1
         if self.max_beam_width is not None and width > self.max_beam_width:
             width = self.max_beam_width

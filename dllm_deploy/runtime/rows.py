@@ -8,7 +8,7 @@ values from the decode options; a server gives each request its own (docs/algori
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 
 
 @dataclass(frozen=True)
@@ -20,11 +20,6 @@ class RowOptions:
     request: int = 0                  # the noise counter's request word (0 unless a caller sets it)
     max_tokens: int | None = None     # token budget (None: the whole canvas, gen_length)
     stop: tuple[str, ...] = ()        # stop strings: the text ends before the first one found
-
-    @classmethod
-    def from_decode(cls, cfg) -> "RowOptions":
-        """Every row the same: the values of the decode options (a DecodeConfig) that have a field here."""
-        return cls(**{f.name: getattr(cfg, f.name) for f in fields(cls) if hasattr(cfg, f.name)})
 
     @property
     def sampling(self) -> bool:
