@@ -84,9 +84,9 @@ def test_dual_needs_no_suffix_tokens_per_forward(bidi):
     seen = []
     real = rt.backend.verify
 
-    def spy(cache, ids, pos, mask):
+    def spy(cache, ids, pos, mask, sampling=None):
         seen.append(ids.shape[1])
-        return real(cache, ids, pos, mask)
+        return real(cache, ids, pos, mask, sampling)
     rt.backend.verify = spy
     try:
         p = _prompts()[:1]
