@@ -6,7 +6,7 @@ from typing import Iterator
 
 from ..decode_rules import OPTIONS, PROFILE_DEFAULT_KEYS, RUNTIME_OPTIONS, option_error
 from ..errors import OptionError, UserError
-from .loop import Decoder, RowResult
+from .loop import Decoder, RowResult, joins, resolve_cache
 from .rows import RowOptions
 from .strategies import DecodeConfig
 
@@ -125,10 +125,19 @@ class Runtime:
         server's per-request sampling and stopping), replacing the per-row values of the decode keywords."""
         return self.decoder.generate(*self._call(prompts, rows, decode))
 
-    def stream(self, prompts: str | list[str], rows: list[RowOptions] | None = None, **decode) -> Iterator[dict]:
+    def stream(self, prompts: str | list[str], rows: list[RowOptions] | None = None, join=None,
+               **decode) -> Iterator[dict]:
         """The chunks of docs/streaming.md as text becomes final (a str prompt: index 0). Close the
-        generator (break, .close()) to cancel; the runtime stays usable."""
-        return self.decoder.stream(*self._call(prompts, rows, decode))
+        generator (break, .close()) to cancel; the runtime stays usable. ``join``: continuous
+        batching, a callable the loop asks at every block boundary for [(prompt, RowOptions)] that
+        join the running batch (their chunks' index numbers them after the rows so far; only where
+        ``joins_batches(**decode)``, else never called)."""
+        return self.decoder.stream(*self._call(prompts, rows, decode), join=join)
+
+    def joins_batches(self, **decode) -> bool:
+        """Whether requests can join a running batch under these decode options (an exact cache)."""
+        cfg, c = self.decode_config(**decode), self.config
+        return joins(self.backend, resolve_cache(cfg.cache, c.attention, cfg.beam_width if cfg.strategy == "spd" else 1))
 
 
 def row_options(**decode) -> RowOptions:

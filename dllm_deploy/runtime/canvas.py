@@ -62,6 +62,24 @@ class Prefix:
                       np.concatenate([self.valid, np.ones(block.shape, dtype=bool)], axis=1),
                       np.concatenate([self.blocks, np.broadcast_to(self.blocks[:, -1:] + 1, block.shape)], axis=1))
 
+    def pad_left(self, n: int, pad_id: int) -> Prefix:
+        """n more pad columns on the left (attended by nothing but themselves): rows of different
+        prefix lengths stay right-aligned when they share one batch."""
+        b = len(self.ids)
+        return Prefix(np.concatenate([np.full((b, n), pad_id, dtype=np.int64), self.ids], axis=1),
+                      np.concatenate([np.zeros((b, n), dtype=np.int64), self.positions], axis=1),
+                      np.concatenate([np.zeros((b, n), dtype=bool), self.valid], axis=1),
+                      np.concatenate([np.zeros((b, n), dtype=np.int64), self.blocks], axis=1))
+
+    def drop_left(self, n: int) -> Prefix:
+        """The prefix without its first n columns (pads of every row)."""
+        return Prefix(self.ids[:, n:], self.positions[:, n:], self.valid[:, n:], self.blocks[:, n:])
+
+    def stack(self, other: Prefix) -> Prefix:
+        """These rows, then ``other``'s (the same width)."""
+        return Prefix(*(np.concatenate([a, b]) for a, b in zip(
+            (self.ids, self.positions, self.valid, self.blocks), (other.ids, other.positions, other.valid, other.blocks))))
+
     def next_positions(self, n: int) -> np.ndarray:
         """(B,n) the positions of the n tokens after the prefix."""
         return self.positions[:, -1:] + 1 + np.arange(n)

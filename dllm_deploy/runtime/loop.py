@@ -92,26 +92,67 @@ class _Run:
     is a generator: one report per forward, [(row, final ids)] for the live rows."""
 
     def __init__(self, backend, config, encoded: list[list[int]], policy: Policy, mode: str, n_blocks: int, L: int,
-                 rows: list[RowOptions]):
-        self.policy, self.mode, self.n_blocks, self.L = policy, mode, n_blocks, L
+                 rows: list[RowOptions], join: Callable[[], list] | None = None):
+        """``join``: called at every block boundary, the (prompt ids, RowOptions) of rows that join
+        the batch there (continuous batching; an exact cache only, see ``joins``)."""
+        self.backend, self.policy, self.mode, self.n_blocks, self.L = backend, policy, mode, n_blocks, L
         self.mask_id, self.eos_id, self.anchor = config.mask_token_id, config.eos_token_id, config.shift_logits
+        self.pad_id = config.pad_token_id
         self.bidi = config.attention != "block_causal"   # LLaDA / Dream: the canvas carries the suffix of masks
-        prefix = canvas.Prefix.of_prompts(encoded, config.pad_token_id)
-        self.state = PrefixState(backend, prefix, prefix.ids.shape[1] + n_blocks * L if mode == "exact" else 0, rows)
-        self.gen: list[list[int]] = [[] for _ in encoded]
-        self.budget = [min(r.max_tokens or n_blocks * L, n_blocks * L) for r in rows]   # final ids at most
+        self.join = join if joins(backend, mode) else None
+        self.gen: list[list[int]] = []
+        self.options: list[RowOptions] = []     # each row's, in row order
+        self.budget: list[int] = []             # final ids a row may have
+        self.blocks: list[int] = []             # blocks a row has finished
+        self.started: list[float] = []          # when a row started (perf_counter): the call's start or its join
+        self.stats: list[dict] = []
         self.stopped: set[int] = set()      # rows finished by their report (stop string, budget): they leave
-        self.stats = [{"forwards": 0, "accepted_hist": {}} for _ in encoded]
+        self.state = self._new_rows(encoded, rows)
+
+    def _new_rows(self, encoded: list[list[int]], rows: list[RowOptions]) -> PrefixState:
+        """The PrefixState of new rows, numbered after the rows so far."""
+        prefix = canvas.Prefix.of_prompts(encoded, self.pad_id)
+        width = prefix.ids.shape[1] + self.n_blocks * self.L
+        state = PrefixState(self.backend, prefix, width if self.mode == "exact" else 0, rows)
+        state.rows = state.rows + len(self.gen)
+        now, span = time.perf_counter(), self.n_blocks * self.L
+        for o in rows:
+            self.gen.append([])
+            self.options.append(o)
+            self.budget.append(min(o.max_tokens or span, span))
+            self.blocks.append(0)
+            self.started.append(now)
+            self.stats.append({"forwards": 0, "accepted_hist": {}})
+        return state
 
     def decode(self) -> Iterator[list[tuple[int, list[int]]]]:
         block, f_ids, f_probs = self.first_block()
-        for k in range(self.n_blocks):
+        k = 0
+        while True:
             yield from self.decode_block(k, block, f_ids, f_probs)
             live = self.finish_block(block)
-            if k == self.n_blocks - 1 or not live.any():
-                break
+            joiners = self.join() if self.join else []
+            if not (live.any() or joiners):
+                return
+            block, f_ids, f_probs = self.advance(k, block, live, joiners)
+            k += 1
+
+    def advance(self, k: int, block: np.ndarray, live: np.ndarray, joiners: list):
+        """The live rows' next block and the joiners' first one (their prompts prefilled in one
+        call of their own), as one batch (B,L) and f of it."""
+        parts = []
+        if live.any():
             self.state.keep(live)
-            block, f_ids, f_probs = self.next_block(k, block[live])
+            parts.append(self.next_block(k, block[live]))
+        if joiners:
+            new = self._new_rows([ids for ids, _ in joiners], [o for _, o in joiners])
+            parts.append(self.first_block(new))
+            if live.any():
+                self.state.join(new, self.pad_id)
+                self.state.trim()
+            else:
+                self.state = new
+        return tuple(np.concatenate(x) for x in zip(*parts))
 
     def stop(self, row: int) -> None:
         """Row ``row`` (original numbering) has finished: its block counts as done, and it leaves
@@ -134,22 +175,26 @@ class _Run:
         """Masked positions after block k up to the budget (bidirectional canvas only)."""
         return (self.n_blocks - k - 1) * self.L
 
-    def _forward(self, plan: canvas.Plan):
-        """A block-start forward (every live row is charged): f(block) (B,L,K) twice."""
-        top_ids, top_probs = self.state.run(plan)
-        for row in self.state.rows:
+    def _forward(self, plan: canvas.Plan, state: PrefixState | None = None):
+        """A block-start forward (every row of ``state``, default the live rows, is charged):
+        f(block) (B,L,K) twice."""
+        state = state or self.state
+        top_ids, top_probs = state.run(plan)
+        for row in state.rows:
             self.stats[row]["forwards"] += 1
         return top_ids[:, 0], top_probs[:, 0]
 
-    def first_block(self):
-        """The first block's state (B,L), all masks, and f of it; the prompt is prefilled here."""
-        prefix = self.state.prefix
+    def first_block(self, state: PrefixState | None = None):
+        """The first block's state (B,L), all masks, and f of it; the prompt is prefilled here
+        (``state``: rows that join, default the live rows)."""
+        state = state or self.state
+        prefix = state.prefix
         block = np.full((len(prefix.ids), self.L), self.mask_id, dtype=np.int64)   # (B,L)
         if self.bidi:
             plan = canvas.refresh(prefix, block, self._suffix_len(0), self.mask_id, self.mode, self.anchor)
         else:
             plan = canvas.first_block(prefix, block, self.mode)
-        return (block, *self._forward(plan))
+        return (block, *self._forward(plan, state))
 
     def next_block(self, k: int, block: np.ndarray):
         """Block k (B,L) joins the prefix; the next block's state (all masks) and f of it."""
@@ -201,13 +246,23 @@ class _Run:
                 done[r] = block_status(block[r], self.mask_id, self.eos_id)[0]
 
     def finish_block(self, block: np.ndarray) -> np.ndarray:
-        """Appends each row's tokens (up to its EOS); (B,) True for the rows that go on."""
+        """Appends each row's tokens (up to its EOS); (B,) True for the rows that go on (not ended,
+        not stopped, blocks left in their canvas)."""
         live = np.ones(len(block), dtype=bool)
         for r, row in enumerate(self.state.rows):
             stop = block_status(block[r], self.mask_id, self.eos_id)[1]
             self.gen[row].extend(int(x) for x in block[r][:stop])
-            live[r] = stop is None and row not in self.stopped
+            self.blocks[row] += 1
+            live[r] = stop is None and row not in self.stopped and self.blocks[row] < self.n_blocks
         return live
+
+
+def joins(backend, mode: str) -> bool:
+    """Whether rows can join a running batch: an exact cache (block-causal model), whose finished
+    blocks are final, on a backend whose cache can be padded and stacked (ONNX Runtime, torch).
+    A bidirectional canvas ends in a suffix as long as the rows' remaining budget, which rows
+    at different blocks do not share: there, new rows wait for the next batch."""
+    return mode == "exact" and getattr(backend, "joins_batches", False)
 
 
 class Decoder:
@@ -248,8 +303,8 @@ class Decoder:
                                   f"({dcfg.gen_length})", OPTIONS["max_tokens"].flag)
         return rows
 
-    def _prepare(self, prompts: list[str], dcfg: DecodeConfig, rows: list[RowOptions] | None):
-        """(the run, its policy, the W requested, the rows' options): every check before a forward."""
+    def _prepare(self, prompts: list[str], dcfg: DecodeConfig, rows: list[RowOptions] | None, join=None):
+        """(the run, its policy, the W requested): every check before a forward."""
         c = self.config
         if not prompts:
             raise UserError("no prompt given")
@@ -266,26 +321,47 @@ class Decoder:
         policy = Policy(dcfg, c.mask_token_id)
         mode = resolve_cache(dcfg.cache, c.attention, policy.width)
         n_blocks = -(-dcfg.gen_length // L)
-        encoded = [self.tok.encode(p) for p in prompts]
-        for x in encoded:
-            if not x:
-                raise UserError("empty prompt")
-            if len(x) + n_blocks * L > c.max_seq:
-                raise UserError(f"prompt of {len(x)} tokens + {n_blocks * L} generated exceeds the model's max_seq {c.max_seq}")
-        return _Run(self.backend, c, encoded, policy, mode, n_blocks, L, rows), policy, requested, rows
+        encoded = [self._encode(p, n_blocks * L) for p in prompts]
+        join = None if join is None else self._joiner(join, dcfg, n_blocks * L)
+        return _Run(self.backend, c, encoded, policy, mode, n_blocks, L, rows, join), policy, requested
 
-    def stream(self, prompts: list[str], dcfg: DecodeConfig, rows: list[RowOptions] | None = None) -> Iterator[dict]:
+    def _encode(self, prompt: str, span: int) -> list[int]:
+        ids = self.tok.encode(prompt)
+        if not ids:
+            raise UserError("empty prompt")
+        if len(ids) + span > self.config.max_seq:
+            raise UserError(f"prompt of {len(ids)} tokens + {span} generated exceeds the model's max_seq {self.config.max_seq}")
+        return ids
+
+    def _joiner(self, join: Callable[[], list], dcfg: DecodeConfig, span: int) -> Callable[[], list]:
+        """``join`` (() -> [(prompt, RowOptions)]) with the prompts encoded and every row checked
+        as the call's own rows are."""
+        def take() -> list:
+            new = list(join())
+            if not new:
+                return []
+            rows = self._check_rows([o for _, o in new], len(new), dcfg)
+            self.check_rows(rows)
+            return [(self._encode(p, span), o) for (p, _), o in zip(new, rows)]
+        return take
+
+    def stream(self, prompts: list[str], dcfg: DecodeConfig, rows: list[RowOptions] | None = None,
+               join: Callable[[], list] | None = None) -> Iterator[dict]:
         """The chunks of docs/streaming.md as the rows' text becomes final; the generator returns
         (StopIteration.value) one dict per row of what chunks do not carry. Every check runs
-        here, before the generator starts; closing it cancels the call."""
-        return self._chunks(*self._prepare(prompts, dcfg, rows))
+        here, before the generator starts; closing it cancels the call. ``join`` (continuous
+        batching): called at every block boundary, it returns [(prompt, RowOptions)] that join the
+        batch there, numbered after the rows so far (a model without an exact cache: never called)."""
+        return self._chunks(*self._prepare(prompts, dcfg, rows, join))
 
-    def _chunks(self, run: _Run, policy: Policy, requested: int, rows: list[RowOptions]) -> Iterator[dict]:
-        texts = [RowText(self.tok.decode, self.config.eos_token_id, r.stop, b) for r, b in zip(rows, run.budget)]
-        first = [None] * len(rows)
-        t0 = time.perf_counter()
+    def _chunks(self, run: _Run, policy: Policy, requested: int) -> Iterator[dict]:
+        texts, first = [], []
         for report in run.decode():
             for row, ids in report:
+                while len(texts) <= row:      # rows that joined since
+                    o = run.options[len(texts)]
+                    texts.append(RowText(self.tok.decode, self.config.eos_token_id, o.stop, run.budget[len(texts)]))
+                    first.append(None)
                 t = texts[row]
                 if len(ids) == t.seen:
                     continue
@@ -293,13 +369,13 @@ class Decoder:
                 if reason:
                     run.stop(row)
                 if new and first[row] is None:
-                    first[row] = time.perf_counter() - t0
+                    first[row] = time.perf_counter() - run.started[row]
                 yield {"index": row, "delta": delta, "token_ids": new, "forwards": run.stats[row]["forwards"],
                        "tokens": t.sent, "finish_reason": reason}
-        wall = time.perf_counter() - t0
-        return [{**st, "finish_reason": t.finish_reason, "time_to_first_token_s": ttft, "wall_s": wall,
+        end = time.perf_counter()
+        return [{**st, "finish_reason": t.finish_reason, "time_to_first_token_s": ttft, "wall_s": end - t0,
                  "beam_width_used": policy.width, "beam_width_requested": requested}
-                for st, t, ttft in zip(run.stats, texts, first)]
+                for st, t, ttft, t0 in zip(run.stats, texts, first, run.started)]
 
     def generate(self, prompts: list[str], dcfg: DecodeConfig, rows: list[RowOptions] | None = None,
                  on_chunk: Callable[[dict], None] | None = None) -> list[RowResult]:

@@ -43,6 +43,11 @@ class RowSampling:
         for name, arr in vars(self).items():
             setattr(self, name, arr[idx])
 
+    def stack(self, other: RowSampling) -> None:
+        """``other``'s rows after these."""
+        for name, arr in vars(self).items():
+            setattr(self, name, np.concatenate([arr, getattr(other, name)]))
+
     def inputs(self, positions: np.ndarray, steps: np.ndarray) -> dict:
         """The graphs' sampling inputs for a call at ``positions`` (B,T) serving ``steps`` (B,T)."""
         u = uniforms(self.seed[:, None], self.request[:, None], positions, steps)
@@ -72,6 +77,30 @@ class PrefixState:
             self.sampling.take(idx)
         if self.cache is not None:
             self.cache.keep_rows(idx)
+
+    def join(self, other: PrefixState, pad_id: int) -> None:
+        """``other``'s rows (a batch that joins at a block boundary, exact cache) after these: the
+        narrower prefix and its cache gain pad columns on the left, so every row stays
+        right-aligned; a row's own positions and mask are unchanged, so its tokens are too."""
+        width, theirs = self.prefix.ids.shape[1], other.prefix.ids.shape[1]
+        for state, n in ((self, theirs - width), (other, width - theirs)):
+            if n > 0:
+                state.prefix = state.prefix.pad_left(n, pad_id)
+                state.cache.pad_left(n)
+        self.prefix, self.rows = self.prefix.stack(other.prefix), np.concatenate([self.rows, other.rows])
+        self.cache.add_rows(other.cache)
+        if self.sampling is not None or other.sampling is not None:
+            mine = self.sampling or RowSampling([RowOptions()] * (len(self.rows) - len(other.rows)))
+            mine.stack(other.sampling or RowSampling([RowOptions()] * len(other.rows)))
+            self.sampling = mine
+
+    def trim(self) -> None:
+        """Drops the left columns no live row attends (the pads of rows that left), so a batch that
+        rows keep joining never grows past its longest live row."""
+        n = int(self.prefix.valid.argmax(axis=1).min()) if self.prefix.valid.any() else 0
+        if n > 0:
+            self.prefix = self.prefix.drop_left(n)
+            self.cache.drop_left(n)
 
     def extend(self, block: np.ndarray) -> None:
         """A finished block (B,L) joins the prefix."""

@@ -47,9 +47,26 @@ class OrtCache:
         self.k = [np.ascontiguousarray(k[rows]) for k in self.k]
         self.v = [np.ascontiguousarray(v[rows]) for v in self.v]
 
+    def pad_left(self, n: int) -> None:
+        """n zero positions before the cached ones (masked out: pads of a joining batch)."""
+        pad = lambda x: np.concatenate([np.zeros(x.shape[:2] + (n,) + x.shape[3:], x.dtype), x], axis=2)  # noqa: E731
+        self.k, self.v = [pad(k) for k in self.k], [pad(v) for v in self.v]
+        self.length += n
+
+    def drop_left(self, n: int) -> None:
+        self.k = [np.ascontiguousarray(k[:, :, n:]) for k in self.k]
+        self.v = [np.ascontiguousarray(v[:, :, n:]) for v in self.v]
+        self.length -= n
+
+    def add_rows(self, other: "OrtCache") -> None:
+        """``other``'s rows after these (the same length)."""
+        self.k = [np.concatenate([a, b]) for a, b in zip(self.k, other.k)]
+        self.v = [np.concatenate([a, b]) for a, b in zip(self.v, other.v)]
+
 
 class OrtBackend:
     name = "ort"
+    joins_batches = True        # its cache pads and stacks: rows may join a running batch (loop.joins)
 
     def __init__(self, folder: str | Path, manifest: dict, precision: str = "fp32", providers=None,
                  provider_options: dict | None = None, threads: int | None = None):

@@ -24,9 +24,24 @@ class TorchCache:
         idx = torch.as_tensor(np.asarray(rows), device=self.device)
         self.past = [(k.index_select(0, idx), v.index_select(0, idx)) for k, v in self.past]
 
+    def pad_left(self, n: int) -> None:
+        """n zero positions before the cached ones (masked out: pads of a joining batch)."""
+        import torch
+        pad = lambda x: torch.cat([x.new_zeros(x.shape[:2] + (n,) + x.shape[3:]), x], dim=2)  # noqa: E731
+        self.past = [(pad(k), pad(v)) for k, v in self.past]
+
+    def drop_left(self, n: int) -> None:
+        self.past = [(k[:, :, n:].contiguous(), v[:, :, n:].contiguous()) for k, v in self.past]
+
+    def add_rows(self, other: "TorchCache") -> None:
+        """``other``'s rows after these (the same length)."""
+        import torch
+        self.past = [(torch.cat([a, c]), torch.cat([b, d])) for (a, b), (c, d) in zip(self.past, other.past)]
+
 
 class TorchBackend:
     name = "torch"
+    joins_batches = True        # its cache pads and stacks: rows may join a running batch (loop.joins)
     host_excluded = ()          # _run excludes the ids itself, as the exported graphs do
 
     def __init__(self, model, config, device: str = "cpu", topk: int = 2, threads: int | None = None):
