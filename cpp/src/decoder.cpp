@@ -8,6 +8,7 @@
 #include "error.hpp"
 #include "json.hpp"
 #include "memory.hpp"
+#include "noise.hpp"
 
 namespace dllm::detail {
 
@@ -134,6 +135,7 @@ RowResult Engine::generate(const std::string& prompt, const DecodeOptions& cfg_i
     user_error("prompt of " + std::to_string(encoded.size()) + " tokens + " + std::to_string(budget) +
                " generated exceeds the model's max_seq " + std::to_string(mc.max_seq));
   Policy policy(cfg, mc.mask_token_id);  // after the length check: it sizes its scratch by L
+  set_sampling(cfg);
 
   const double backend0 = backend_->run_seconds;
   const auto t0 = std::chrono::steady_clock::now();
@@ -157,6 +159,21 @@ RowResult Engine::generate(const std::string& prompt, const DecodeOptions& cfg_i
   return out;
 }
 
+// The row's sampling parameters into the backend (greedy: 0, 0, 1 on a sampling artifact). A
+// schema-2 artifact's graphs cannot sample; top_k is at most the artifact's sampling pool.
+void Engine::set_sampling(const DecodeOptions& cfg) {
+  sampling_ = cfg.temperature > 0;
+  if (sampling_ && !backend_->samples())
+    user_error(manifest_.folder + ": this artifact was exported without sampling (schema " +
+               std::to_string(manifest_.schema_version) + "); re-export it to sample (temperature > 0)");
+  if (backend_->samples() && cfg.top_k > manifest_.sample_pool)
+    user_error("top_k " + std::to_string(cfg.top_k) + " exceeds the sampling pool of " + manifest_.folder + " (" +
+               std::to_string(manifest_.sample_pool) + " tokens; export --sample-pool sets it)");
+  seed_ = static_cast<uint64_t>(cfg.seed), request_ = 0;
+  if (backend_->samples())
+    backend_->set_sampling(static_cast<float>(cfg.temperature), cfg.top_k, static_cast<float>(cfg.top_p));
+}
+
 // The decode loop (loop.py::_Run.decode): the first block, then each block decoded until it is
 // full or ends, its tokens kept, and the next block started (commit or refresh).
 void Engine::run(const std::vector<int64_t>& prompt, const DecodeOptions& cfg, Policy& policy, int n_blocks,
@@ -167,6 +184,7 @@ void Engine::run(const std::vector<int64_t>& prompt, const DecodeOptions& cfg, P
   bidi_ = mc.attention != "block_causal";
   anchor_ = mc.shift_logits;  // canvas.cpp keeps it out of mode none
   size_buffers(prompt, n_blocks_, mode, static_cast<size_t>(policy.width()));
+  depths_ = node_depths(policy.spec());
   out.accepted_hist.assign(W_ + 2, 0);
   out.token_ids.reserve(n_blocks_ * L_);
   first_block();
@@ -207,6 +225,7 @@ void Engine::size_buffers(const std::vector<int64_t>& prompt, size_t n_blocks, C
   fp_.resize(L * K_);
   vi_.resize(W * L * K_);
   vp_.resize(W * L * K_);
+  branch_steps_.resize(W);
   prefix_ = Prefix::of_prompt(prompt);
   be.clear_cache();
 }
@@ -217,7 +236,7 @@ void Engine::first_block() {
   std::fill(state_.begin(), state_.end(), mask_id_);
   const Plan plan = bidi_ ? refresh(prefix_, state_.data(), L_, suffix_len(0), mask_id_, mode_, anchor_)
                           : detail::first_block(prefix_, state_.data(), L_, mode_);
-  run_plan(plan, fi_.data(), fp_.data());
+  run_plan(plan, nullptr, fi_.data(), fp_.data());
 }
 
 // Fills block k's state S until it is full or ends (loop.py::_Run.decode_block): W drafts, one
@@ -229,7 +248,8 @@ void Engine::decode_block(size_t k, Policy& policy, RowResult& out) {
     policy.plan(state_.data(), fi_.data(), fp_.data(), static_cast<int>(K), step, nodes_.data());
     std::copy(nodes_.begin(), nodes_.begin() + static_cast<long>(L), state_.begin());  // node 0 is known exactly
     if (block_status(state_, mask_id_, eos_id_).done) return;
-    run_plan(verify_plan(k), vi_.data(), vp_.data());
+    for (size_t w = 0; w < W_; ++w) branch_steps_[w] = step + depths_[w] + 1;
+    run_plan(verify_plan(k), branch_steps_.data(), vi_.data(), vp_.data());
     int64_t steps = 0;
     const size_t cur = static_cast<size_t>(policy.select(nodes_.data(), vi_.data(), vp_.data(), static_cast<int>(K),
                                                          step, &steps));
@@ -267,13 +287,13 @@ void Engine::next_block(size_t k) {
     prefix_.extend(state_.data(), L_);
   }
   state_ = nxt;
-  run_plan(plan, fi_.data(), fp_.data());
+  run_plan(plan, nullptr, fi_.data(), fp_.data());
 }
 
 // One engine call (prefix.py::PrefixState.run): the plan's tokens, positions and mask into the
 // backend, a prefill (keep > 0) or a verify over the cache it names; top ids/probs (W,L,K) at the
 // plan's read columns into top_ids/top_probs.
-void Engine::run_plan(const Plan& plan, int64_t* top_ids, float* top_probs) {
+void Engine::run_plan(const Plan& plan, const int64_t* steps, int64_t* top_ids, float* top_probs) {
   OrtBackend& be = *backend_;
   if (plan.cache != PlanCache::kReuse) be.clear_cache();
   if (plan.rows != 1 || plan.cached != be.cache_length())
@@ -282,6 +302,7 @@ void Engine::run_plan(const Plan& plan, int64_t* top_ids, float* top_probs) {
   std::copy(plan.ids.begin(), plan.ids.end(), be.ids());
   std::copy(plan.positions.begin(), plan.positions.end(), be.pos());
   std::copy(plan.mask.begin(), plan.mask.end(), be.mask());
+  if (be.samples()) fill_noise(plan, steps);
   if (plan.keep)
     be.prefill(plan.tokens, plan.keep);
   else
@@ -292,6 +313,19 @@ void Engine::run_plan(const Plan& plan, int64_t* top_ids, float* top_probs) {
     std::copy(be.top_ids() + col * K, be.top_ids() + (col + 1) * K, top_ids + i * K);
     std::copy(be.top_probs() + col * K, be.top_probs() + (col + 1) * K, top_probs + i * K);
   }
+}
+
+// sample_u of one call (prefix.py::PrefixState.run): a read column serves its branch's step
+// (steps[w]; a block-start forward: 0), a column not read back step 0; the uniform of a column is
+// that of its position id at its step. Greedy rows feed zeros (the graph takes the top-1).
+void Engine::fill_noise(const Plan& plan, const int64_t* steps) {
+  float* u = backend_->sample_u();
+  if (!sampling_) return std::fill(u, u + plan.tokens, 0.0f);
+  col_steps_.assign(plan.tokens, 0);
+  if (steps)
+    for (size_t w = 0; w < plan.branches; ++w)
+      for (size_t l = 0; l < plan.length; ++l) col_steps_[static_cast<size_t>(plan.read[w * plan.length + l])] = steps[w];
+  for (size_t t = 0; t < plan.tokens; ++t) u[t] = sample_uniform(seed_, request_, plan.positions[t], col_steps_[t]);
 }
 
 }  // namespace dllm::detail

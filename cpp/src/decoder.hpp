@@ -7,7 +7,9 @@
 //         S, f(S) = policy.select(nodes, f)  # as deep as verification allows
 //     next_block                         commit (block-causal) or refresh (bidirectional)
 // What each forward feeds is a canvas.hpp Plan (the builders of canvas.py); run_plan is the one
-// place an engine call is made. Every forward counts.
+// place an engine call is made. Every forward counts. Under sampling (temperature > 0, a schema-3
+// artifact) each forward also feeds every token's uniform: a pure function of (seed, request,
+// position, base-rule step), so a drafted node sees the noise its base-rule step would.
 //
 // Dimension legend: p prompt tokens, L block length, W beam width, K top-k, N = p + n_blocks * L.
 #pragma once
@@ -71,7 +73,11 @@ class Engine {
   void next_block(size_t k);
   Plan verify_plan(size_t k) const;
   size_t suffix_len(size_t k) const { return bidi_ ? (n_blocks_ - k - 1) * L_ : 0; }
-  void run_plan(const Plan& plan, int64_t* top_ids, float* top_probs);
+  // steps: the base-rule step each of the plan's W branches serves (noise.hpp; NULL: a
+  // block-start forward, step 0).
+  void run_plan(const Plan& plan, const int64_t* steps, int64_t* top_ids, float* top_probs);
+  void fill_noise(const Plan& plan, const int64_t* steps);
+  void set_sampling(const DecodeOptions& cfg);
 
   Manifest manifest_;
   EngineOptions options_;
@@ -86,6 +92,11 @@ class Engine {
   bool anchor_ = false;  // shifted logits: under a bidirectional cache the prefix's last token rides in each call
   size_t L_ = 0, W_ = 1, K_ = 1, n_blocks_ = 0;
   int64_t mask_id_ = 0, eos_id_ = 0;
+  bool sampling_ = false;        // temperature > 0: each fed token gets its uniform
+  uint64_t seed_ = 0, request_ = 0;
+  std::vector<int> depths_;      // (W,) the policy's node depths
+  std::vector<int64_t> branch_steps_;  // (W,) the step each verified node serves
+  std::vector<int64_t> col_steps_;     // (T,) the step of each fed column
   Prefix prefix_;                // prompt + committed blocks
   std::vector<int64_t> state_;   // (L,)   the block state S
   std::vector<int64_t> nodes_;   // (W,L)  drafted states

@@ -1,5 +1,6 @@
 #include "manifest.hpp"
 
+#include <algorithm>
 #include <cerrno>
 #include <filesystem>
 #include <fstream>
@@ -134,6 +135,29 @@ std::string describe(const Json& v) {
   return "<non-scalar>";
 }
 
+// How many of the four sampling inputs a graph lists.
+size_t sampling_inputs(const GraphIO& g) {
+  size_t n = 0;
+  for (const char* name : kSamplingInputs) n += std::count(g.inputs.begin(), g.inputs.end(), name) == 1;
+  return n;
+}
+
+// "sampling": {"pool": P, "noise": "philox4x64-10/v1"} (schema 3): P >= 1 tokens sampled among,
+// with the noise of noise.hpp. Absent: the artifact decodes greedy only.
+void read_sampling(const Reader& r, const Json& m, Manifest& out) {
+  const Json* s = find(m, "sampling");
+  if (!s) return;
+  if (out.schema_version < 3) r.corrupt("'sampling' in a schema " + std::to_string(out.schema_version) + " manifest");
+  const Json& sampling = r.object(m, "sampling", "sampling");
+  out.sample_pool = r.integer(sampling, "pool", "sampling.pool");
+  if (out.sample_pool < 1) r.corrupt("'sampling.pool' must be >= 1");
+  if (out.topk > out.sample_pool) r.corrupt("'topk' is larger than 'sampling.pool'");
+  const std::string noise = r.string(sampling, "noise", "sampling.noise");
+  if (noise != "philox4x64-10/v1")
+    fail(DLLM_ERROR_UNSUPPORTED, out.folder + ": sampling noise " + quoted(noise) +
+                                     " is not supported (this runtime draws 'philox4x64-10/v1')");
+}
+
 }  // namespace
 
 Manifest read_manifest(const std::string& folder_in, const std::string& precision, bool verify) {
@@ -160,7 +184,7 @@ Manifest read_manifest(const std::string& folder_in, const std::string& precisio
   const double version = sv.is_number() ? sv.get<double>() : 0.0;
   if (!sv.is_number() || version < kOldestSchemaVersion || version > kSchemaVersion ||
       version != static_cast<int>(version))
-    artifact_error(path + ": unknown schema_version " + describe(sv) + " (this runtime reads 1, 2)");
+    artifact_error(path + ": unknown schema_version " + describe(sv) + " (this runtime reads 1, 2, 3)");
   for (const char* key : {"model", "precisions", "files", "graphs", "tokenizer"})
     if (!find(m, key)) r.corrupt(std::string("no '") + key + "'");
 
@@ -221,6 +245,7 @@ Manifest read_manifest(const std::string& folder_in, const std::string& precisio
     if (dim < 1) r.corrupt("model dimensions must be >= 1");
   out.topk = r.integer(m, "topk", "topk");
   if (out.topk < 1) r.corrupt("'topk' must be >= 1");
+  read_sampling(r, m, out);
   if (find(m, "max_beam_width")) out.max_beam_width = r.integer(m, "max_beam_width", "max_beam_width");
   const Json& tok = r.object(m, "tokenizer", "tokenizer");
   const Json* kind = find(tok, "kind");
@@ -232,10 +257,13 @@ Manifest read_manifest(const std::string& folder_in, const std::string& precisio
   out.prefill.outputs = r.strings(gp, "outputs", "graphs.prefill.outputs");
   out.verify.inputs = r.strings(gv, "inputs", "graphs.verify.inputs");
   out.verify.outputs = r.strings(gv, "outputs", "graphs.verify.outputs");
-  const size_t n_in = 3 + 2 * static_cast<size_t>(out.model.num_layers);
-  if (out.prefill.inputs.size() != n_in || out.verify.inputs.size() != n_in)
-    r.corrupt("graph inputs are not input_ids, position_ids, attention_mask and 2 past tensors per layer");
-  if (out.prefill.outputs.size() != n_in || out.verify.outputs.size() != 2)
+  const size_t n_in = 3 + 2 * static_cast<size_t>(out.model.num_layers) + (out.sample_pool ? 4 : 0);
+  for (const GraphIO* g : {&out.prefill, &out.verify})
+    if (g->inputs.size() != n_in || sampling_inputs(*g) != (out.sample_pool ? 4 : 0))
+      r.corrupt(out.sample_pool ? "graph inputs are not input_ids, position_ids, attention_mask, 2 past tensors per "
+                                  "layer and sample_u, temperature, top_k, top_p"
+                                : "graph inputs are not input_ids, position_ids, attention_mask and 2 past tensors per layer");
+  if (out.prefill.outputs.size() != 3 + 2 * static_cast<size_t>(out.model.num_layers) || out.verify.outputs.size() != 2)
     r.corrupt("graph outputs are not (logits, top_ids, top_probs, present...) and (top_ids, top_probs)");
   out.prefill_file = r.string(*files_of, "prefill", "precisions." + precision + ".prefill");
   out.verify_file = r.string(*files_of, "verify", "precisions." + precision + ".verify");

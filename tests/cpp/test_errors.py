@@ -41,7 +41,7 @@ def bad_artifacts(tiny_artifact, tmp_path_factory):
     out = {"missing": root / "does-not-exist", "no-manifest": root / "empty"}
     out["no-manifest"].mkdir()
     out["corrupt"] = clone("corrupt", text=(good / "manifest.json").read_text()[:300])
-    out["schema"] = clone("schema", edit=lambda m: m.update(schema_version=3))
+    out["schema"] = clone("schema", edit=lambda m: m.update(schema_version=4))
     out["no-graphs"] = clone("no-graphs", edit=lambda m: m.pop("graphs"))
     out["hash"] = clone("hash")
     tampered = out["hash"] / "verify.onnx"
@@ -66,7 +66,7 @@ CASES = {
     "missing artifact": ("missing", [], "no such artifact folder", True),
     "no manifest": ("no-manifest", [], "not an artifact (no manifest.json)", True),
     "corrupt manifest": ("corrupt", [], "manifest.json: corrupt manifest (not JSON at line ", False),
-    "unknown schema": ("schema", [], "unknown schema_version 3", True),
+    "unknown schema": ("schema", [], "unknown schema_version 4", True),
     "manifest without graphs": ("no-graphs", [], "corrupt manifest (no 'graphs')", True),
     "hash mismatch": ("hash", [], "verify.onnx: sha256 mismatch", True),
     "missing file": ("missing-file", [], "weights.bin: missing (listed in the manifest)", True),
