@@ -22,10 +22,26 @@ def decode_config(**kw) -> DecodeConfig:
         err = option_error(name, kw.get(name), OPTIONS[name].flag if name in OPTIONS else None)
         if err:
             raise err
-    cfg = DecodeConfig(**{k: v for k, v in kw.items() if v is not None and k in _FIELDS})
+    kw = {**kw, **_budget(kw.get("max_tokens"), kw.get("gen_length"))}
+    if isinstance(kw.get("stop"), str):
+        kw["stop"] = (kw["stop"],)
+    cfg = DecodeConfig(**{k: tuple(v) if k == "stop" else v for k, v in kw.items() if v is not None and k in _FIELDS})
     if cfg.candidates and not (cfg.strategy == "spd" and cfg.select == "threshold"):
         raise UserError("--candidates prunes the drafts of spd --select threshold only")
     return cfg
+
+
+def _budget(max_tokens: int | None, gen_length: int | None) -> dict:
+    """max_tokens vs gen_length (docs/streaming.md): gen_length defaults to max_tokens; a budget
+    over the canvas is refused."""
+    if max_tokens is None:
+        return {}
+    if gen_length is None:
+        return {"gen_length": max_tokens}
+    if max_tokens > gen_length:
+        raise OptionError("bad_option", "max_tokens", f"max tokens ({max_tokens}) exceeds gen length ({gen_length}): "
+                          "raise --gen-length or leave it out (it defaults to --max-tokens)", OPTIONS["max_tokens"].flag)
+    return {}
 
 
 class Runtime:
