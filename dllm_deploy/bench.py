@@ -39,6 +39,7 @@ class TimedBackend:
     def __init__(self, inner):
         self.inner, self.seconds, self.calls = inner, 0.0, 0
         self.name, self.topk, self.host_excluded = inner.name, inner.topk, inner.host_excluded
+        self.sample_pool, self.folder = inner.sample_pool, getattr(inner, "folder", inner.name)
 
     def new_cache(self, *a):
         return self.inner.new_cache(*a)

@@ -67,12 +67,12 @@ def _runtime(a):
 
 def cmd_generate(a) -> int:
     from .prompts import decode_escapes
-    from .runtime.api import decode_config
+    from .runtime.api import decode_config, row_options
     prompts = [decode_escapes(p) if a.escapes else p for p in a.prompt]
     decode_config(**_decode_kwargs(a))            # bad options fail before a model is loaded
     rt = _runtime(a)
     dcfg = rt.decode_config(**_decode_kwargs(a))
-    results = rt.decoder.generate(prompts, dcfg)
+    results = rt.decoder.generate(prompts, dcfg, [row_options(**_decode_kwargs(a))] * len(prompts))
     if a.json:
         payload = results[0].to_dict() if len(results) == 1 else {"results": [r.to_dict() for r in results]}
         print(json.dumps(payload))
@@ -87,7 +87,7 @@ def cmd_generate(a) -> int:
 def cmd_eval(a) -> int:
     from .evals import tasks
     from .evals.harness import run_eval
-    from .runtime.api import decode_config
+    from .runtime.api import decode_config, row_options
     dcfg = decode_config(**_decode_kwargs(a))
     wanted = tuple(a.tasks.split(",")) if a.tasks else tasks.FAMILIES + tasks.OPEN_FAMILIES
     bad = [f for f in wanted if f not in tasks.FAMILIES + tasks.OPEN_FAMILIES]
@@ -99,7 +99,8 @@ def cmd_eval(a) -> int:
     rt = _runtime(a)
     dcfg = rt.decode_config(**_decode_kwargs(a))
     bar = _progress(len(families) * a.n, f"eval {dcfg.strategy}", not a.json and sys.stderr.isatty())
-    res = run_eval(rt.decoder, dcfg, families=families, n=a.n, batch_size=a.batch_size, progress=bar)
+    res = run_eval(rt.decoder, dcfg, families=families, n=a.n, batch_size=a.batch_size, progress=bar,
+                   row=row_options(**_decode_kwargs(a)))
     if "text" in wanted:
         from .evals.harness import masked_nll
         res["open_text"] = masked_nll(rt.backend, rt.tokenizer, rt.config, n=a.n)
@@ -122,7 +123,7 @@ def cmd_export(a) -> int:
     log = (lambda msg: None) if a.json else (lambda msg: print(msg, file=sys.stderr))
     res = export(model=a.model, out=a.out, precisions=[p.strip() for p in a.precision.split(",") if p.strip()],
                  block_length=a.block_length, max_beam_width=a.max_beam_width, opset=a.opset, force=a.force, log=log,
-                 int4_block_size=a.int4_block_size, int4_symmetric=a.int4_symmetric)
+                 int4_block_size=a.int4_block_size, int4_symmetric=a.int4_symmetric, sample_pool=a.sample_pool)
     if a.json:
         print(json.dumps(res))
     else:
@@ -367,6 +368,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="int4: a zero point per block (default symmetric: scales only)")
     x.add_argument("--block-length", type=int, default=None, help="block length L (default: the model's)")
     x.add_argument("--max-beam-width", type=int, default=8, help="largest W the artifact is checked for")
+    x.add_argument("--sample-pool", type=int, default=None,
+                   help="sampling: the N most probable tokens the graphs sample from (default min(vocabulary, 64))")
     x.add_argument("--opset", type=int, default=17)
     x.add_argument("--force", action="store_true",
                    help="replace an existing artifact written by dllm-deploy export (atomically: the old one stays "

@@ -6,15 +6,18 @@ from dataclasses import fields
 from ..decode_rules import OPTIONS, PROFILE_DEFAULT_KEYS, RUNTIME_OPTIONS, option_error
 from ..errors import OptionError, UserError
 from .loop import Decoder, RowResult
+from .rows import RowOptions
 from .strategies import DecodeConfig
 
 _FIELDS = [f.name for f in fields(DecodeConfig)]
 _KEYWORDS = list(dict.fromkeys([*RUNTIME_OPTIONS, *_FIELDS]))   # declared options first: the first bad one is reported
+ROW_KEYWORDS = tuple(f.name for f in fields(RowOptions) if f.name in OPTIONS)   # decode options a row may set
 
 
 def decode_config(**kw) -> DecodeConfig:
-    """DecodeConfig from keyword arguments (None = default), with the checks a user needs. A
-    declared option that is not implemented yet is checked (its default only) and not passed on."""
+    """DecodeConfig from keyword arguments (None = default), with the checks a user needs. The
+    batch's options only: the per-row ones (``ROW_KEYWORDS``) are checked and left to ``row_options``,
+    a declared option that is not implemented yet is checked (its default only); neither is passed on."""
     unknown = sorted(set(kw) - set(_KEYWORDS))
     if unknown:
         raise OptionError("unknown_option", unknown[0], f"unknown decode option(s): {', '.join(unknown)}")
@@ -107,7 +110,15 @@ class Runtime:
         merged = {**self.decode_defaults(), **{k: v for k, v in decode.items() if v is not None}}
         return decode_config(**merged)
 
-    def generate(self, prompts: str | list[str], **decode) -> list[RowResult]:
+    def generate(self, prompts: str | list[str], rows: list[RowOptions] | None = None, **decode) -> list[RowResult]:
+        """One RowResult per prompt. ``rows``: one RowOptions per prompt (a server's per-request
+        sampling and stopping), replacing the per-row values of the decode keywords."""
         if isinstance(prompts, str):
             prompts = [prompts]
-        return self.decoder.generate(list(prompts), self.decode_config(**decode))
+        dcfg = self.decode_config(**decode)
+        return self.decoder.generate(list(prompts), dcfg, rows if rows is not None else [row_options(**decode)] * len(prompts))
+
+
+def row_options(**decode) -> RowOptions:
+    """The RowOptions the decode keywords give every row (None = default); checked by decode_config."""
+    return RowOptions(**{k: decode[k] for k in ROW_KEYWORDS if decode.get(k) is not None})

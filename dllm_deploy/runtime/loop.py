@@ -28,7 +28,9 @@ import numpy as np
 from ..errors import UserError
 from . import canvas
 from .prefix import PrefixState
+from .rows import RowOptions
 from .strategies import DecodeConfig, Policy
+from .tree import node_depths
 
 CACHE_MODES = ("none", "prefix", "dual", "exact", "auto")
 
@@ -79,12 +81,13 @@ def block_status(tokens: np.ndarray, mask_id: int, eos_id: int) -> tuple[bool, i
 class _Run:
     """One ``generate`` call: the batch's blocks, each decoded plan -> verify -> select."""
 
-    def __init__(self, backend, config, encoded: list[list[int]], policy: Policy, mode: str, n_blocks: int, L: int):
+    def __init__(self, backend, config, encoded: list[list[int]], policy: Policy, mode: str, n_blocks: int, L: int,
+                 rows: list[RowOptions] | None = None):
         self.policy, self.mode, self.n_blocks, self.L = policy, mode, n_blocks, L
         self.mask_id, self.eos_id, self.anchor = config.mask_token_id, config.eos_token_id, config.shift_logits
         self.bidi = config.attention != "block_causal"   # LLaDA / Dream: the canvas carries the suffix of masks
         prefix = canvas.Prefix.of_prompts(encoded, config.pad_token_id)
-        self.state = PrefixState(backend, prefix, prefix.ids.shape[1] + n_blocks * L if mode == "exact" else 0)
+        self.state = PrefixState(backend, prefix, prefix.ids.shape[1] + n_blocks * L if mode == "exact" else 0, rows)
         self.gen: list[list[int]] = [[] for _ in encoded]
         self.stats = [{"forwards": 0, "tokens": 0, "accepted_hist": {}, "finished": False} for _ in encoded]
 
@@ -131,13 +134,14 @@ class _Run:
             self.state.extend(block)
         return (nxt, *self._forward(plan))
 
-    def _verify(self, k: int, nodes: np.ndarray):
-        """f(node) (B,W,L,K) twice for the drafted states (B,W,L) of block k: one forward."""
+    def _verify(self, k: int, nodes: np.ndarray, steps: np.ndarray):
+        """f(node) (B,W,L,K) twice for the drafted states (B,W,L) of block k: one forward; node w
+        of row r serves base-rule step ``steps[r, w]`` (its sampling noise)."""
         prefix = self.state.prefix
         if self.bidi:
             return self.state.run(canvas.canvas_verify(prefix, nodes, self._suffix_len(k), self.mask_id,
-                                                       self.mode, self.anchor))
-        return self.state.run(canvas.tree_verify(prefix, nodes, self.mode))
+                                                       self.mode, self.anchor), steps)
+        return self.state.run(canvas.tree_verify(prefix, nodes, self.mode), steps)
 
     def decode_block(self, k: int, block: np.ndarray, f_ids: np.ndarray, f_probs: np.ndarray) -> None:
         """Fills block k (B,L) in place, f_ids/f_probs (B,L,K) following, until every row's block
@@ -154,7 +158,8 @@ class _Run:
             need = np.flatnonzero(~done)
             if not need.size:
                 return
-            v_ids, v_probs = self._verify(k, nodes)                                  # (B,W,L,K)
+            serves = np.stack([step[r] + 1 + np.asarray(node_depths(d[1])) for r, d in enumerate(drafts)])   # (B,W)
+            v_ids, v_probs = self._verify(k, nodes, serves)                          # (B,W,L,K)
             for r in need:
                 cur, steps = policy.select(nodes[r], drafts[r][1], v_ids[r], v_probs[r], int(step[r]))
                 st = self.stats[self.state.rows[r]]
@@ -185,10 +190,29 @@ class Decoder:
         self.max_beam_width = max_beam_width
         self.cap_reason = "the artifact's max_beam_width"   # what set max_beam_width (for the warning)
 
-    def generate(self, prompts: list[str], dcfg: DecodeConfig) -> list[RowResult]:
+    def check_rows(self, rows: list[RowOptions]) -> None:
+        """Sampling needs graphs that sample (schema 3), and a top-k within their pool."""
+        be = self.backend
+        if be.sample_pool is None:
+            if any(o.sampling for o in rows):
+                schema = getattr(be, "manifest", {}).get("schema_version", 2)
+                raise UserError(f"{getattr(be, 'folder', be.name)}: this artifact was exported without sampling "
+                                f"(schema {schema}); re-export it to sample (temperature > 0)")
+            return
+        k = max(o.top_k for o in rows)
+        if k > be.sample_pool:
+            raise UserError(f"top k {k} is over the {be.sample_pool} tokens {getattr(be, 'folder', be.name)} samples "
+                            "from (its sampling pool; export --sample-pool sets it)")
+
+    def generate(self, prompts: list[str], dcfg: DecodeConfig, rows: list[RowOptions] | None = None) -> list[RowResult]:
+        """One RowResult per prompt; ``rows``: each prompt's own options (default: RowOptions())."""
         c = self.config
         if not prompts:
             raise UserError("no prompt given")
+        rows = list(rows) if rows is not None else [RowOptions()] * len(prompts)
+        if len(rows) != len(prompts):
+            raise UserError(f"{len(rows)} row options given for {len(prompts)} prompts (one per prompt)")
+        self.check_rows(rows)
         L = dcfg.block_length
         if L < 1 or dcfg.gen_length < 1:
             raise UserError("block length and gen length must be >= 1")
@@ -207,7 +231,7 @@ class Decoder:
             if len(x) + n_blocks * L > c.max_seq:
                 raise UserError(f"prompt of {len(x)} tokens + {n_blocks * L} generated exceeds the model's max_seq {c.max_seq}")
         t0 = time.perf_counter()
-        results = _Run(self.backend, c, encoded, policy, mode, n_blocks, L).decode()
+        results = _Run(self.backend, c, encoded, policy, mode, n_blocks, L, rows).decode()
         wall = time.perf_counter() - t0
         return [RowResult(text=self.tok.decode(ids), token_ids=ids, **st, tpf=st["tokens"] / max(st["forwards"], 1),
                           wall_s=wall, tokens_per_s=st["tokens"] / wall if wall > 0 else 0.0,
