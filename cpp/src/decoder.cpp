@@ -167,8 +167,8 @@ void Engine::set_sampling(const DecodeOptions& cfg) {
     user_error(manifest_.folder + ": this artifact was exported without sampling (schema " +
                std::to_string(manifest_.schema_version) + "); re-export it to sample (temperature > 0)");
   if (backend_->samples() && cfg.top_k > manifest_.sample_pool)
-    user_error("top_k " + std::to_string(cfg.top_k) + " exceeds the sampling pool of " + manifest_.folder + " (" +
-               std::to_string(manifest_.sample_pool) + " tokens; export --sample-pool sets it)");
+    user_error("top k " + std::to_string(cfg.top_k) + " is over the " + std::to_string(manifest_.sample_pool) +
+               " tokens " + manifest_.folder + " samples from (its sampling pool; export --sample-pool sets it)");
   seed_ = static_cast<uint64_t>(cfg.seed), request_ = 0;
   if (backend_->samples())
     backend_->set_sampling(static_cast<float>(cfg.temperature), cfg.top_k, static_cast<float>(cfg.top_p));
