@@ -14,8 +14,11 @@
 // Dimension legend: p prompt tokens, L block length, W beam width, K top-k, N = p + n_blocks * L.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
+#include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -23,12 +26,13 @@
 #include "manifest.hpp"
 #include "ort_backend.hpp"
 #include "policy.hpp"
+#include "stream.hpp"
 #include "tokenizer.hpp"
 
 namespace dllm::detail {
 
 struct RowResult {
-  std::string text;
+  std::string text;                    // the released text: the chunks' deltas joined
   std::vector<int64_t> token_ids;
   int64_t forwards = 0;
   int64_t tokens = 0;
@@ -38,7 +42,9 @@ struct RowResult {
   double backend_s = 0.0;
   int beam_width_used = 1;
   int beam_width_requested = 1;
-  bool finished = false;
+  bool finished = false;               // eos or stop
+  std::string finish_reason;           // "eos" | "stop" | "length" | "cancelled" (the callback said stop)
+  double time_to_first_token_s = -1;   // decode start -> the first chunk with token ids; -1: none
   std::vector<int64_t> accepted_hist;  // [steps] -> verifications that accepted that many
   std::string warnings;
 
@@ -56,10 +62,16 @@ struct EngineOptions {
 // loop.py::resolve_cache (the same messages): the mode a model and beam width W run under.
 CacheMode resolve_cache(const std::string& mode, const std::string& attention, int width);
 
+// Called on the decoding thread with each chunk (stream.hpp); false cancels the generation.
+using ChunkSink = std::function<bool(const Chunk&)>;
+
 class Engine {
  public:
   Engine(const std::string& artifact_dir, const EngineOptions& options);
-  RowResult generate(const std::string& prompt, const DecodeOptions& cfg);
+  // The row decoded under cfg's stop conditions (max_tokens, stop, EOS); sink (optional) gets the
+  // chunks as they become final. A cancelled generation returns what was delivered, finish_reason
+  // "cancelled"; the engine stays usable.
+  RowResult generate(const std::string& prompt, const DecodeOptions& cfg, const ChunkSink& sink = ChunkSink());
   int max_seq() const { return manifest_.model.max_seq; }
   int max_beam_width() const { return cap_; }
 
@@ -67,9 +79,10 @@ class Engine {
   void set_beam_width_cap();
   void run(const std::vector<int64_t>& prompt, const DecodeOptions& cfg, Policy& policy, int n_blocks,
            CacheMode mode, RowResult& out);
+  bool report(RowResult& out);  // after every forward: the row's final ids to the stream; true: stop decoding
   void size_buffers(const std::vector<int64_t>& prompt, size_t n_blocks, CacheMode mode, size_t W);
   void first_block();
-  void decode_block(size_t k, Policy& policy, RowResult& out);
+  bool decode_block(size_t k, Policy& policy, RowResult& out);  // true: the row finished (or was cancelled)
   void next_block(size_t k);
   Plan verify_plan(size_t k) const;
   size_t suffix_len(size_t k) const { return bidi_ ? (n_blocks_ - k - 1) * L_ : 0; }
@@ -98,6 +111,13 @@ class Engine {
   std::vector<int64_t> branch_steps_;  // (W,) the step each verified node serves
   std::vector<int64_t> col_steps_;     // (T,) the step of each fed column
   Prefix prefix_;                // prompt + committed blocks
+  std::vector<int64_t> done_;    // the finished blocks' tokens
+  std::vector<int64_t> final_;   // scratch: done_ + the current block's committed prefix
+  std::optional<RowStream> stream_;
+  const ChunkSink* sink_ = nullptr;
+  Chunk chunk_;
+  bool cancelled_ = false;
+  std::chrono::steady_clock::time_point t0_;
   std::vector<int64_t> state_;   // (L,)   the block state S
   std::vector<int64_t> nodes_;   // (W,L)  drafted states
   std::vector<int64_t> fi_;      // (L,K)  f(S): top ids
