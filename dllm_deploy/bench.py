@@ -4,6 +4,10 @@ Configurations are interleaved (A B C A B C ...) so that ratios hold on a noisy 
 figure is the median over repeats (min and max are kept). Time spent inside backend calls is
 measured per run, so the loop's own overhead is reported as a share of wall time.
 
+Every decode is a stream (``generate`` is the stream collected): ``ChunkClock`` times each
+row's chunks, and every run reports the time to first token and the time between chunks that
+carry tokens (p50 / p99 over every row of every repeat).
+
 Besides the decode runs, the bench measures each backend's **forward cost curve** (time of one
 verification forward against the tokens it carries, W * L) and derives, for every run, the
 tokens/s its measured TPF would give if a forward cost as much as a one-branch forward (the
@@ -22,7 +26,9 @@ import platform
 import statistics
 import time
 from dataclasses import asdict, dataclass, fields
+from functools import partial
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 
@@ -57,6 +63,38 @@ class TimedBackend:
 
     def verify(self, *a):
         return self._timed(self.inner.verify, *a)
+
+
+class ChunkClock:
+    """Times the chunks of decode calls: each row's time to first token, and the gaps between its
+    chunks that carry token ids (seconds). ``around(decoder)`` is a decoder for run_eval."""
+
+    def __init__(self):
+        self.ttft, self.gaps = [], []
+
+    def around(self, decoder) -> SimpleNamespace:
+        return SimpleNamespace(generate=partial(self.generate, decoder))
+
+    def generate(self, decoder, prompts, dcfg, rows=None):
+        last: dict[int, float] = {}
+
+        def tick(chunk: dict) -> None:
+            if chunk["token_ids"]:
+                now = time.perf_counter()
+                if chunk["index"] in last:
+                    self.gaps.append(now - last[chunk["index"]])
+                last[chunk["index"]] = now
+        results = decoder.generate(prompts, dcfg, rows, on_chunk=tick)
+        self.ttft += [r.time_to_first_token_s for r in results if r.time_to_first_token_s is not None]
+        return results
+
+    def percentiles(self) -> dict:
+        """ttft_ms_p50/p99 and chunk_gap_ms_p50/p99 (None where nothing was measured: the C++ runs)."""
+        out = {}
+        for name, xs in (("ttft", self.ttft), ("chunk_gap", self.gaps)):
+            for q in (50, 99):
+                out[f"{name}_ms_p{q}"] = float(1000 * np.percentile(xs, q)) if xs else None
+        return out
 
 
 def cpp_binary() -> Path:
@@ -279,6 +317,7 @@ def run_bench(artifact: str, backends=("torch", "ort"), strategies=("vanilla", "
     examples = tasks.eval_split(families=families, n=n)
 
     samples: dict[Config, list[dict]] = {c: [] for c in configs}
+    clocks = {c: ChunkClock() for c in configs}
     used_w: dict[Config, int] = {}
     for _, c in itertools.product(range(repeats), configs):
         used_w[c] = min(c.beam_width, cap) if c.strategy == "spd" else 1
@@ -295,7 +334,8 @@ def run_bench(artifact: str, backends=("torch", "ort"), strategies=("vanilla", "
         timed = TimedBackend(rt.backend)
         dec = Decoder(timed, rt.tokenizer, rt.config, max_beam_width=rt.decoder.max_beam_width)
         t0 = time.perf_counter()
-        res = run_eval(dec, decode_config(**c.decode_kwargs(gen_length)), families=families, n=n, batch_size=batch_size)
+        res = run_eval(clocks[c].around(dec), decode_config(**c.decode_kwargs(gen_length)), families=families, n=n,
+                       batch_size=batch_size)
         wall = time.perf_counter() - t0
         o = res["overall"]
         samples[c].append({"accuracy": o["accuracy"], "tpf": o["tpf"], "forwards": o["forwards"], "tokens": o["tokens"],
@@ -314,7 +354,7 @@ def run_bench(artifact: str, backends=("torch", "ort"), strategies=("vanilla", "
         # modelled: every forward costs a one-branch forward (no-cache forwards carry the whole sequence)
         modelled = None if c.cache == "none" else med["tokens"] / (med["forwards"] * one / 1000)
         est = estimate_bytes(cfg.to_dict(), "fp32", batch_size, w, L, cfg.max_seq)
-        runs.append({"label": c.label, **asdict(c), "beam_width_used": w, **med,
+        runs.append({"label": c.label, **asdict(c), "beam_width_used": w, **med, **clocks[c].percentiles(),
                      "tokens_per_s_min": min(s["tokens_per_s"] for s in ss),
                      "tokens_per_s_max": max(s["tokens_per_s"] for s in ss), "repeats": len(ss),
                      "modelled_tokens_per_s_memory_bound": modelled,

@@ -50,7 +50,8 @@ def _add_decode_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--precision", default=None, help="artifact precision variant (fp32, fp16, int8, int4; default fp32)")
     p.add_argument("--profile", default="auto", help="device profile name, or 'auto' (detect)")
     for o in _FLAG_OPTIONS:
-        p.add_argument(o.flag, dest=o.name, type=_FLAG_TYPES[o.type], default=None, help=o.help_text(profiles=True))
+        p.add_argument(o.flag, dest=o.name, type=_FLAG_TYPES[o.type], default=None, help=o.help_text(profiles=True),
+                       action="append" if o.multiple else "store")
     p.add_argument("--json", action="store_true", help="machine-readable output")
 
 
@@ -65,22 +66,36 @@ def _runtime(a):
     return Runtime.load(model=a.model or "tiny")
 
 
+def _print_chunk(as_json: bool):
+    """--stream: each chunk as it comes (a JSON line, or its text), flushed."""
+    def show(chunk: dict) -> None:
+        sys.stdout.write(json.dumps(chunk) + "\n" if as_json else chunk["delta"])
+        sys.stdout.flush()
+    return show
+
+
 def cmd_generate(a) -> int:
     from .prompts import decode_escapes
     from .runtime.api import decode_config, row_options
     prompts = [decode_escapes(p) if a.escapes else p for p in a.prompt]
+    if a.stop and a.escapes:
+        a.stop = [decode_escapes(s) for s in a.stop]
     decode_config(**_decode_kwargs(a))            # bad options fail before a model is loaded
+    if a.stream and not a.json and len(prompts) > 1:
+        raise UserError("--stream prints one prompt's text as it comes: give one --prompt, or add --json "
+                        "(each chunk line names its row)")
     rt = _runtime(a)
     dcfg = rt.decode_config(**_decode_kwargs(a))
-    results = rt.decoder.generate(prompts, dcfg, [row_options(**_decode_kwargs(a))] * len(prompts))
+    results = rt.decoder.generate(prompts, dcfg, [row_options(**_decode_kwargs(a))] * len(prompts),
+                                  on_chunk=_print_chunk(a.json) if a.stream else None)
     if a.json:
         payload = results[0].to_dict() if len(results) == 1 else {"results": [r.to_dict() for r in results]}
         print(json.dumps(payload))
     else:
         for r in results:
-            print(r.text)
+            print("" if a.stream else r.text)
             print(f"[{r.tokens} tokens, {r.forwards} forwards, TPF {r.tpf:.2f}, {r.tokens_per_s:.1f} tok/s, "
-                  f"beam_width {r.beam_width_used}, backend {rt.backend.name}]", file=sys.stderr)
+                  f"beam_width {r.beam_width_used}, backend {rt.backend.name}, {r.finish_reason}]", file=sys.stderr)
     return 0
 
 
@@ -181,10 +196,13 @@ def cmd_bench(a) -> int:
             print(f"plot {p}", file=sys.stderr)
     if a.quiet:
         return 0
-    print(f"{'configuration':<44}{'acc':>6}{'TPF':>7}{'tok/s':>9}{'ms/fwd':>8}{'overhead':>9}{'W':>3}{'est MB':>8}")
+    print(f"{'configuration':<44}{'acc':>6}{'TPF':>7}{'tok/s':>9}{'ms/fwd':>8}{'overhead':>9}{'W':>3}{'est MB':>8}"
+          f"{'TTFT ms':>9}{'gap p99':>9}")
+    ms = lambda v: "n/a" if v is None else f"{v:.1f}"   # noqa: E731 -- the C++ runs stream nothing to time
     for r in res["runs"]:
         print(f"{r['label']:<44}{r['accuracy']:>6.2f}{r['tpf']:>7.2f}{r['tokens_per_s']:>9.1f}"
-              f"{r['time_per_forward_ms']:>8.1f}{r['loop_overhead']:>9.1%}{r['beam_width_used']:>3}{r['memory_estimate_mb']:>8.0f}")
+              f"{r['time_per_forward_ms']:>8.1f}{r['loop_overhead']:>9.1%}{r['beam_width_used']:>3}{r['memory_estimate_mb']:>8.0f}"
+              f"{ms(r['ttft_ms_p50']):>9}{ms(r['chunk_gap_ms_p99']):>9}")
     for be, rows in res["forward_cost"].items():
         print(f"forward cost {be}: " + ", ".join(f"W{r['beam_width']} {r['ms']:.1f} ms" for r in rows))
     for k, v in res["ratios"].items():
@@ -346,7 +364,11 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--prompt", action="append", required=True,
                    help="prompt text (repeat for a batch); bytes that are not UTF-8 become U+FFFD")
     g.add_argument("--escapes", action="store_true",
-                   help="interpret \\n \\t \\r \\0 \\\\ \\\" \\' \\xHH \\uHHHH \\UHHHHHHHH in prompts (others are refused)")
+                   help="interpret \\n \\t \\r \\0 \\\\ \\\" \\' \\xHH \\uHHHH \\UHHHHHHHH in prompts and stop strings "
+                        "(others are refused)")
+    g.add_argument("--stream", action="store_true",
+                   help="print text as it becomes final (--json: one JSON object per chunk, then the result; "
+                        "docs/streaming.md)")
     _add_decode_flags(g)
     g.set_defaults(func=cmd_generate)
 

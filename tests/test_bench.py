@@ -36,6 +36,8 @@ def test_bench_json_structure(bench_run):
         assert r["beam_width_used"] == (r["beam_width"] if r["strategy"] == "spd" else 1)
         assert r["memory_estimate_mb"] > 0
         assert (r["modelled_tokens_per_s_memory_bound"] is None) == (r["cache"] == "none")
+        # streamed: time to first token and between chunks (every decode is a stream)
+        assert 0 < r["ttft_ms_p50"] <= r["ttft_ms_p99"] and 0 < r["chunk_gap_ms_p50"] <= r["chunk_gap_ms_p99"]
     by = {r["label"]: r for r in d["runs"]}
     # the same strategy on both backends decodes the same number of tokens
     assert by["ort:spd W4 lossless/vanilla"]["tokens"] == by["torch:spd W4 lossless/vanilla"]["tokens"]

@@ -74,7 +74,9 @@ def test_unknown_option_has_its_code_and_key():
 
 
 def test_decode_config_is_the_declaration():
-    declared = [n for n in RUNTIME_OPTIONS if OPTIONS[n].implemented]
+    from dllm_deploy.runtime.api import ROW_KEYWORDS      # per-row options: RowOptions, not DecodeConfig
+    assert {"max_tokens", "stop"} <= set(ROW_KEYWORDS)
+    declared = [n for n in RUNTIME_OPTIONS if OPTIONS[n].implemented and n not in ROW_KEYWORDS]
     fields = [f for f in dataclasses.fields(DecodeConfig) if f.name != "schedule"]   # schedule: a structure
     assert [f.name for f in fields] == declared
     for f in fields:

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from dataclasses import fields
+from typing import Iterator
 
 from ..decode_rules import OPTIONS, PROFILE_DEFAULT_KEYS, RUNTIME_OPTIONS, option_error
 from ..errors import OptionError, UserError
@@ -26,9 +27,7 @@ def decode_config(**kw) -> DecodeConfig:
         if err:
             raise err
     kw = {**kw, **_budget(kw.get("max_tokens"), kw.get("gen_length"))}
-    if isinstance(kw.get("stop"), str):
-        kw["stop"] = (kw["stop"],)
-    cfg = DecodeConfig(**{k: tuple(v) if k == "stop" else v for k, v in kw.items() if v is not None and k in _FIELDS})
+    cfg = DecodeConfig(**{k: v for k, v in kw.items() if v is not None and k in _FIELDS})
     if cfg.candidates and not (cfg.strategy == "spd" and cfg.select == "threshold"):
         raise UserError("--candidates prunes the drafts of spd --select threshold only")
     return cfg
@@ -110,15 +109,32 @@ class Runtime:
         merged = {**self.decode_defaults(), **{k: v for k, v in decode.items() if v is not None}}
         return decode_config(**merged)
 
-    def generate(self, prompts: str | list[str], rows: list[RowOptions] | None = None, **decode) -> list[RowResult]:
-        """One RowResult per prompt. ``rows``: one RowOptions per prompt (a server's per-request
-        sampling and stopping), replacing the per-row values of the decode keywords."""
+    def _call(self, prompts: str | list[str], rows, decode: dict) -> tuple[list[str], DecodeConfig, list[RowOptions]]:
+        """The prompts as a list, the call's DecodeConfig and one RowOptions per prompt (``rows``, or
+        the decode keywords' for every row). Given ``rows`` and no gen_length, the canvas fits the
+        largest row budget when every row has one."""
         if isinstance(prompts, str):
             prompts = [prompts]
+        if rows and decode.get("gen_length") is None and all(r.max_tokens for r in rows):
+            decode = {**decode, "gen_length": max(r.max_tokens for r in rows)}
         dcfg = self.decode_config(**decode)
-        return self.decoder.generate(list(prompts), dcfg, rows if rows is not None else [row_options(**decode)] * len(prompts))
+        return list(prompts), dcfg, rows if rows is not None else [row_options(**decode)] * len(prompts)
+
+    def generate(self, prompts: str | list[str], rows: list[RowOptions] | None = None, **decode) -> list[RowResult]:
+        """One RowResult per prompt: the stream collected. ``rows``: one RowOptions per prompt (a
+        server's per-request sampling and stopping), replacing the per-row values of the decode keywords."""
+        return self.decoder.generate(*self._call(prompts, rows, decode))
+
+    def stream(self, prompts: str | list[str], rows: list[RowOptions] | None = None, **decode) -> Iterator[dict]:
+        """The chunks of docs/streaming.md as text becomes final (a str prompt: index 0). Close the
+        generator (break, .close()) to cancel; the runtime stays usable."""
+        return self.decoder.stream(*self._call(prompts, rows, decode))
 
 
 def row_options(**decode) -> RowOptions:
-    """The RowOptions the decode keywords give every row (None = default); checked by decode_config."""
-    return RowOptions(**{k: decode[k] for k in ROW_KEYWORDS if decode.get(k) is not None})
+    """The RowOptions the decode keywords give every row (None = default); checked by decode_config.
+    A single stop string stands for a list of one."""
+    kw = {k: decode[k] for k in ROW_KEYWORDS if decode.get(k) is not None}
+    if "stop" in kw:
+        kw["stop"] = (kw["stop"],) if isinstance(kw["stop"], str) else tuple(kw["stop"])
+    return RowOptions(**kw)

@@ -22,8 +22,6 @@ class DecodeConfig:
     checks them), plus ``schedule``, the lossy mode's tau (a structure, not an option)."""
     strategy: str = "vanilla"         # vanilla | threshold | spd
     gen_length: int = 256             # the canvas per prompt (rounded up to whole blocks)
-    max_tokens: int | None = None     # every row's token budget (None: the canvas); rows.py RowOptions per row
-    stop: tuple[str, ...] = ()        # every row's stop strings (docs/streaming.md)
     block_length: int = 32            # L: positions denoised together
     tokens_per_step: int = 1          # vanilla: k tokens committed per step
     steps: int | None = None          # vanilla: LLaDA steps over gen_length (overrides k)
