@@ -178,9 +178,9 @@ int run(int argc, char** argv) {
     } else {
       const dllm::Stats s = r.stats();
       std::cout << (stream ? "" : r.text()) << "\n" << std::flush;
-      std::fprintf(stderr, "[%lld tokens, %lld forwards, TPF %.2f, %.1f tok/s, beam_width %d, backend ort-cpp]\n",
+      std::fprintf(stderr, "[%lld tokens, %lld forwards, TPF %.2f, %.1f tok/s, beam_width %d, backend ort-cpp, %s]\n",
                    static_cast<long long>(s.tokens), static_cast<long long>(s.forwards), s.tpf, s.tokens_per_s,
-                   s.beam_width_used);
+                   s.beam_width_used, r.finish_reason().c_str());
     }
   }
   return 0;

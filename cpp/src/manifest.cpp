@@ -143,18 +143,18 @@ size_t sampling_inputs(const GraphIO& g) {
 }
 
 // "sampling": {"pool": P, "noise": "philox4x64-10/v1"} (schema 3): P >= 1 tokens sampled among,
-// with the noise of noise.hpp. Absent: the artifact decodes greedy only.
+// with the noise of noise.hpp. Absent: the artifact decodes greedy only. The same checks as
+// artifact/__init__.py::_check_shape (then K <= P, and a noise this runtime draws).
 void read_sampling(const Reader& r, const Json& m, Manifest& out) {
   const Json* s = find(m, "sampling");
   if (!s) return;
-  if (out.schema_version < 3) r.corrupt("'sampling' in a schema " + std::to_string(out.schema_version) + " manifest");
-  const Json& sampling = r.object(m, "sampling", "sampling");
-  out.sample_pool = r.integer(sampling, "pool", "sampling.pool");
-  if (out.sample_pool < 1) r.corrupt("'sampling.pool' must be >= 1");
+  const Json* pool = find(*s, "pool");
+  if (!pool || !is_int(*pool) || pool->get<int>() < 1) r.corrupt("'sampling' has no positive integer 'pool'");
+  out.sample_pool = pool->get<int>();
   if (out.topk > out.sample_pool) r.corrupt("'topk' is larger than 'sampling.pool'");
-  const std::string noise = r.string(sampling, "noise", "sampling.noise");
-  if (noise != "philox4x64-10/v1")
-    fail(DLLM_ERROR_UNSUPPORTED, out.folder + ": sampling noise " + quoted(noise) +
+  const Json* noise = find(*s, "noise");
+  if (noise && !(noise->is_string() && noise->get<std::string>() == "philox4x64-10/v1"))
+    fail(DLLM_ERROR_UNSUPPORTED, out.folder + ": sampling noise " + describe(*noise) +
                                      " is not supported (this runtime draws 'philox4x64-10/v1')");
 }
 

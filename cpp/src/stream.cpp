@@ -98,7 +98,7 @@ bool RowStream::report(const std::vector<int64_t>& ids, int64_t forwards, Chunk*
   text_ += out->delta;
   ids_.insert(ids_.end(), out->token_ids.begin(), out->token_ids.end());
   out->forwards = forwards;
-  out->tokens = static_cast<int64_t>(reason_ ? ids_.size() : final_.size());
+  out->tokens = static_cast<int64_t>(ids_.size());
   out->finish_reason = reason_;
   return true;
 }

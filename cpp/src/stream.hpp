@@ -21,7 +21,7 @@ struct Chunk {
   std::string delta;               // new text (valid UTF-8)
   std::vector<int64_t> token_ids;  // new final ids
   int64_t forwards = 0;            // the row's forwards so far
-  int64_t tokens = 0;              // its final ids so far (the last chunk: the result's tokens)
+  int64_t tokens = 0;              // its ids released so far (the chunks' token_ids joined; Python's t.sent)
   const char* finish_reason = nullptr;  // NULL, except on the row's last chunk: "eos" | "stop" | "length"
 
   std::string to_json(int index) const;  // one line of `generate --stream --json`

@@ -185,7 +185,7 @@ typedef struct dllm_chunk {
   const int64_t* token_ids;     /* new final token ids (token_count; the last chunk may have none) */
   size_t token_count;
   int64_t forwards;             /* the row's model calls so far */
-  int64_t tokens;               /* its final tokens so far (the last chunk: the result's tokens) */
+  int64_t tokens;               /* its token ids delivered so far (the chunks' token_ids joined) */
   const char* finish_reason;    /* NULL, except on the row's last chunk: "eos" | "stop" | "length" */
   const char* json;             /* the chunk as one JSON object: a line of dllm-generate --stream --json */
 } dllm_chunk;
