@@ -1,16 +1,25 @@
 // Golden noise check: cpp/src/noise.cpp against tests/cpp/fixtures/noise.json (dumped from
-// dllm_deploy/runtime/noise.py): the Philox4x64-10 words of a few (counter, key) pairs, and the
-// raw word and uniform of a few (seed, request, position, step).
-//   test_noise FIXTURES_DIR/noise.json      (CTest passes tests/cpp/fixtures/noise.json)
+// dllm_deploy/runtime/noise.py by tests/runtime/test_noise.py): per vector (seed, request,
+// position, step; 64-bit words as decimal strings) the first Philox4x64-10 output word (raw) of
+// counter (position, step, request, 0) under key (seed, 0), and the uniform u.
+//   test_noise NOISE_JSON      (CTest passes tests/cpp/fixtures/noise.json)
 // Prints each vector that differs and exits 1 if any does.
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
+#include <string>
 
 #include <nlohmann/json.hpp>
 
 #include "noise.hpp"
 
 using nlohmann::json;
+
+namespace {
+
+uint64_t word(const json& v, const char* key) { return std::strtoull(v.at(key).get<std::string>().c_str(), nullptr, 10); }
+
+}  // namespace
 
 int main(int argc, char** argv) {
   if (argc != 2) {
@@ -23,26 +32,20 @@ int main(int argc, char** argv) {
     return 2;
   }
   const json golden = json::parse(in);
-  int bad = 0, checked = 0;
-  for (const json& v : golden.at("philox")) {
-    const auto out = dllm::detail::philox4x64_10(v.at("counter").get<dllm::detail::PhiloxCounter>(),
-                                                 v.at("key").get<dllm::detail::PhiloxKey>());
-    ++checked;
-    if (out != v.at("out").get<dllm::detail::PhiloxCounter>()) {
-      std::fprintf(stderr, "philox %s: got %llu ...\n", v.at("counter").dump().c_str(),
-                   static_cast<unsigned long long>(out[0]));
-      ++bad;
-    }
+  if (golden.at("noise") != "philox4x64-10/v1") {
+    std::fprintf(stderr, "test_noise: the fixture's noise is %s\n", golden.at("noise").dump().c_str());
+    return 1;
   }
-  for (const json& c : golden.at("cases")) {
-    const uint64_t seed = c.at("seed").get<uint64_t>(), request = c.at("request").get<uint64_t>();
-    const int64_t position = c.at("position").get<int64_t>(), step = c.at("step").get<int64_t>();
+  int bad = 0, checked = 0;
+  for (const json& v : golden.at("vectors")) {
+    const uint64_t seed = word(v, "seed"), request = word(v, "request");
+    const int64_t position = static_cast<int64_t>(word(v, "position")), step = static_cast<int64_t>(word(v, "step"));
     const auto out = dllm::detail::philox4x64_10(
         {static_cast<uint64_t>(position), static_cast<uint64_t>(step), request, 0}, {seed, 0});
     const float u = dllm::detail::sample_uniform(seed, request, position, step);
     ++checked;
-    if (out[0] != c.at("raw").get<uint64_t>() || u != c.at("u").get<float>()) {
-      std::fprintf(stderr, "case %s: raw %llu, u %.9g\n", c.dump().c_str(), static_cast<unsigned long long>(out[0]),
+    if (out[0] != word(v, "raw") || u != v.at("u").get<float>()) {
+      std::fprintf(stderr, "vector %s: raw %llu, u %.9g\n", v.dump().c_str(), static_cast<unsigned long long>(out[0]),
                    static_cast<double>(u));
       ++bad;
     }

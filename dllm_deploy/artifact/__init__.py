@@ -18,6 +18,7 @@ SCHEMA_VERSION = 3
 READABLE = (1, 2, 3)
 MANIFEST = "manifest.json"
 SAMPLING_INPUTS = ("sample_u", "temperature", "top_k", "top_p")   # schema 3: the graphs' last inputs
+SAMPLING_NOISE = "philox4x64-10/v1"   # the noise the sampling inputs come from (runtime/noise.py)
 
 
 def sha256(path: Path) -> str:

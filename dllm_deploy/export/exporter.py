@@ -26,12 +26,11 @@ from pathlib import Path
 import numpy as np
 
 from .. import __version__
-from ..artifact import MANIFEST, write_manifest
+from ..artifact import MANIFEST, SAMPLING_NOISE, write_manifest
 from ..artifact.fsio import clean_stale, lock_target, remove_temp_dir, replace_dir, temp_dir
 from ..errors import UserError
 from ..models.exclusion import excluded_ids
 from ..models.sampling import default_pool
-from ..runtime.noise import NOISE
 from .graphs import PrefillGraph, VerifyGraph, dynamic_axes, io_names
 
 PRECISIONS = ("fp32", "fp16", "int8", "int4")
@@ -281,7 +280,7 @@ def _write_artifact(tmp: Path, module, cfg, tok, src: Path, L: int, precisions: 
                                             "sample_u": ["batch", "tokens"], "temperature": ["batch"],
                                             "top_k": ["batch"], "top_p": ["batch"],
                                             "top": ["batch", "tokens", TOPK]}} for g in names},
-        "sampling": {"pool": pool, "noise": NOISE},
+        "sampling": {"pool": pool, "noise": SAMPLING_NOISE},
         "precisions": files, "quantization": quant, "parity": parity_report,
         "created_s": round(time.time() - t0, 1),
     }

@@ -15,7 +15,8 @@ from __future__ import annotations
 
 import numpy as np
 
-NOISE = "philox4x64-10/v1"       # the manifest's name for this function ("sampling": {"noise": ...})
+from ..artifact import SAMPLING_NOISE as NOISE   # the manifest's name for this function ("sampling": {"noise": ...})
+
 ROUNDS = 10
 M0, M1 = np.uint64(0xD2E7470EE14C6C93), np.uint64(0xCA5A826395121157)
 W0, W1 = np.uint64(0x9E3779B97F4A7C15), np.uint64(0xBB67AE8584CAA73B)
@@ -48,7 +49,7 @@ def philox4x64(counter, key) -> np.ndarray:
 
 def raw(seed, request, positions, steps) -> np.ndarray:
     """philox((position, step, request, 0), (seed, 0))[0] as uint64, the arguments broadcast."""
-    seed, request, positions, steps = np.broadcast_arrays(*(np.asarray(x).astype(np.uint64)
+    seed, request, positions, steps = np.broadcast_arrays(*(np.asarray(x, dtype=np.uint64)   # -1, 2**64: OverflowError
                                                              for x in (seed, request, positions, steps)))
     zero = np.zeros_like(seed)
     counter = np.stack([positions, steps, request, zero], axis=-1)

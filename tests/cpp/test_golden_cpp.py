@@ -1,28 +1,21 @@
-"""Golden vectors the C++ unit checks (CTest) read, made by the Python modules they mirror:
-tests/cpp/fixtures/noise.json (runtime/noise.py: Philox4x64-10 and the per-position uniform) and
-tests/cpp/fixtures/stream.json (runtime/stream.py: the chunks a row's growing final ids give).
-Each committed file must equal what Python makes now (regenerate after a deliberate change:
-DLLM_UPDATE_GOLDEN=1 pytest tests/cpp/test_golden_cpp.py, and review the diff); `ctest` then checks
-cpp/src/noise.cpp and cpp/src/stream.cpp against them."""
+"""Golden chunks for the C++ unit check (CTest): tests/cpp/fixtures/stream.json holds what
+runtime/stream.py makes of a row's growing final ids (multi-byte characters, stop strings, EOS, the
+budget). The committed file must equal what Python makes now (regenerate after a deliberate
+change: DLLM_UPDATE_GOLDEN=1 pytest tests/cpp/test_golden_cpp.py, and review the diff); `ctest`
+then checks cpp/src/stream.cpp against it, and cpp/src/noise.cpp against tests/cpp/fixtures/noise.json
+(made by tests/runtime/test_noise.py)."""
 from __future__ import annotations
 
 import json
 import os
 import subprocess
 
-import numpy as np
-
 from dllm_deploy.models.tokenizer import ByteTokenizer
-from dllm_deploy.runtime import noise
 from dllm_deploy.runtime.stream import RowText
 
 from .conftest import REPO
 
 FIXTURES = REPO / "tests" / "cpp" / "fixtures"
-M = 2**64 - 1
-PHILOX = [([0, 0, 0, 0], [0, 0]), ([1, 2, 3, 4], [5, 6]), ([M, M, M, M], [M, M])]
-NOISE = [(0, 0, 0, 0), (0, 0, 5, 0), (0, 0, 5, 1), (1, 0, 5, 1), (2, 0, 17, 3), (0, 7, 40, 2), (M, 0, 3, 0),
-         (123456789, 2**63, 4095, 31), (42, 1, 1000, 12), (2, 3, 64, 9)]   # (seed, request, position, step)
 TOK = ByteTokenizer()
 
 
@@ -72,30 +65,15 @@ def stream_chunks(reports: list[list[int]], stop: list[str], budget: int) -> lis
     return out
 
 
-def noise_golden() -> dict:
-    philox = [{"counter": c, "key": k, "out": [int(x) for x in noise.philox4x64(np.array(c, dtype=np.uint64),
-                                                                               np.array(k, dtype=np.uint64))]}
-              for c, k in PHILOX]
-    cases = [{"seed": s, "request": r, "position": p, "step": t, "raw": int(noise.raw(s, r, p, t)),
-              "u": float(noise.uniforms(s, r, p, t))} for s, r, p, t in NOISE]
-    return {"philox": philox, "cases": cases}
-
-
 def stream_golden() -> dict:
     return {"cases": [{"name": name, "stop": stop, "budget": budget, "eos_id": TOK.EOS, "reports": reports,
                        "chunks": stream_chunks(reports, stop, budget)}
                       for name, (reports, stop, budget) in STREAM.items()]}
 
 
-ABOUT = {
-    "noise": "Golden vectors of dllm_deploy/runtime/noise.py: philox = Philox4x64-10 (counter, key) -> 4 words; "
-             "cases = sample_uniform(seed, request, position, step): raw = the first output word of counter "
-             "(position, step, request, 0) under key (seed, 0), u = float32((raw >> 40) * 2**-24). Checked by "
-             "cpp/tests/test_noise.cpp; made by tests/cpp/test_golden_cpp.py.",
-    "stream": "Golden chunks of dllm_deploy/runtime/stream.py: per case the row's final ids after each report "
-              "(before the EOS and budget cuts) and the chunks they give. Checked by cpp/tests/test_stream.cpp; "
-              "made by tests/cpp/test_golden_cpp.py.",
-}
+ABOUT = ("Golden chunks of dllm_deploy/runtime/stream.py: per case the row's final ids after each report "
+         "(before the EOS and budget cuts) and the chunks they give. Checked by cpp/tests/test_stream.cpp; "
+         "made by tests/cpp/test_golden_cpp.py.")
 
 
 def dump(doc: dict) -> str:
@@ -110,22 +88,10 @@ def dump(doc: dict) -> str:
 
 def check(name: str, made: dict) -> None:
     path = FIXTURES / f"{name}.json"
-    doc = {"about": ABOUT[name], **made}
+    doc = {"about": ABOUT, **made}
     if os.environ.get("DLLM_UPDATE_GOLDEN"):
         path.write_text(dump(doc))
     assert json.loads(path.read_text()) == json.loads(json.dumps(doc)), f"{path} is stale: DLLM_UPDATE_GOLDEN=1"
-
-
-def test_noise_fixture_is_noise_py():
-    check("noise", noise_golden())
-
-
-def test_noise_py_is_numpy_philox():
-    """numpy increments its counter before each block of 4 outputs: Philox(counter=c - 1, key=k)
-    draws philox(c, k) first."""
-    for c, k in [PHILOX[1], ([7, 0, 2**40, 0], [9, 3])]:
-        g = np.random.Philox(counter=np.array([c[0] - 1, *c[1:]], dtype=np.uint64), key=np.array(k, dtype=np.uint64))
-        assert [int(g.random_raw()) for _ in range(4)] == [int(x) for x in noise.philox4x64(c, k)]
 
 
 def test_stream_fixture_is_stream_py():
