@@ -25,7 +25,7 @@ import os
 import platform
 import statistics
 import time
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, fields, replace
 from functools import partial
 from pathlib import Path
 from types import SimpleNamespace
@@ -37,6 +37,7 @@ from .errors import UserError
 from .runtime.tree import DEFAULT_TREE
 
 STRATEGY_NAMES = ("vanilla", "vanilla-cache", "threshold", "spd")
+SAMPLING = {"temperature": 0.7, "top_p": 0.9}    # the sampling runs beside the greedy ones (bench --seeds)
 
 
 class TimedBackend:
@@ -73,7 +74,8 @@ class ChunkClock:
         self.ttft, self.gaps = [], []
 
     def around(self, decoder) -> SimpleNamespace:
-        return SimpleNamespace(generate=partial(self.generate, decoder))
+        """``decoder`` as run_eval reads it (generate, backend), its calls timed."""
+        return SimpleNamespace(generate=partial(self.generate, decoder), backend=decoder.backend)
 
     def generate(self, decoder, prompts, dcfg, rows=None):
         last: dict[int, float] = {}
@@ -144,6 +146,8 @@ class Config:
     base: str = "vanilla"
     cache: str = "auto"           # vanilla baseline: none (LLaDA recomputes everything)
     tree: str = DEFAULT_TREE
+    temperature: float = 0.0      # > 0: a sampling run (SAMPLING's top-p, this seed)
+    seed: int = 0
 
     @property
     def label(self) -> str:
@@ -157,16 +161,27 @@ class Config:
             extra = f" tau{self.threshold}"
         else:
             extra = " no-cache" if self.cache == "none" else ""
+        if self.temperature > 0:
+            extra += f" T{self.temperature} p{SAMPLING['top_p']} seed{self.seed}"
         return f"{self.backend}:{self.strategy}{extra}"
+
+    @property
+    def row(self):
+        """The RowOptions of a sampling run (None: greedy)."""
+        from .runtime.rows import RowOptions
+        return RowOptions(temperature=self.temperature, top_p=SAMPLING["top_p"], seed=self.seed) if self.temperature else None
 
     def decode_kwargs(self, gen_length: int) -> dict:
         kw = {"strategy": self.strategy, "threshold": self.threshold, "gen_length": gen_length, "cache": self.cache}
         if self.strategy == "spd":
             kw.update(beam_width=self.beam_width, select=self.select, base=self.base, tree=self.tree)
+        if self.temperature > 0:
+            kw.update(temperature=self.temperature, top_p=SAMPLING["top_p"], seed=self.seed)
         return kw
 
 
-def configurations(backends, strategies, beam_widths, thresholds, tree: str = DEFAULT_TREE) -> list[Config]:
+def configurations(backends, strategies, beam_widths, thresholds, tree: str = DEFAULT_TREE, seeds=()) -> list[Config]:
+    """Every greedy configuration, then (``seeds``) each cached one again sampling with each seed."""
     out = []
     for be in backends:
         for s in strategies:
@@ -185,7 +200,7 @@ def configurations(backends, strategies, beam_widths, thresholds, tree: str = DE
                     out += [Config(be, "spd", beam_width=w, select="threshold", threshold=t, tree=tree) for t in thresholds]
             else:
                 raise UserError(f"unknown strategy {s!r} (expected some of {', '.join(STRATEGY_NAMES)})")
-    return out
+    return out + [replace(c, temperature=SAMPLING["temperature"], seed=s) for s in seeds for c in out if c.cache != "none"]
 
 
 def machine_facts() -> dict:
@@ -269,7 +284,7 @@ def _peak_memory(artifact: str, widths, block_length: int, prefix: int) -> dict[
 def run_bench(artifact: str, backends=("torch", "ort"), strategies=("vanilla", "threshold", "spd"),
               beam_widths=(1, 2, 4, 8), thresholds=(0.9,), families=None, n: int = 5, repeats: int = 3,
               gen_length: int = 256, tree: str = DEFAULT_TREE, batch_size: int = 1, cost_repeats: int = 5,
-              memory: bool = False, device: str = "cpu", progress=None) -> dict:
+              memory: bool = False, device: str = "cpu", progress=None, seeds=()) -> dict:
     from .evals import tasks
     from .evals.harness import run_eval
     from .profiles.memory import estimate_bytes
@@ -295,7 +310,7 @@ def run_bench(artifact: str, backends=("torch", "ort"), strategies=("vanilla", "
             runtimes[be] = cpp_binary()
         else:
             raise UserError(f"unknown backend {be!r} (expected some of torch, ort, cpp)")
-    configs = configurations(backends, strategies, beam_widths, thresholds, tree)
+    configs = configurations(backends, strategies, beam_widths, thresholds, tree, seeds)
     if not configs:
         raise UserError("nothing to measure: no strategy selected")
     cap = ort_rt.decoder.max_beam_width
@@ -335,7 +350,7 @@ def run_bench(artifact: str, backends=("torch", "ort"), strategies=("vanilla", "
         dec = Decoder(timed, rt.tokenizer, rt.config, max_beam_width=rt.decoder.max_beam_width)
         t0 = time.perf_counter()
         res = run_eval(clocks[c].around(dec), decode_config(**c.decode_kwargs(gen_length)), families=families, n=n,
-                       batch_size=batch_size)
+                       batch_size=batch_size, row=c.row)
         wall = time.perf_counter() - t0
         o = res["overall"]
         samples[c].append({"accuracy": o["accuracy"], "tpf": o["tpf"], "forwards": o["forwards"], "tokens": o["tokens"],
@@ -382,7 +397,7 @@ def ratios(runs: list[dict]) -> dict:
 
 
 def _best(runs, **match):
-    rows = [r for r in runs if all(r.get(k) == v for k, v in match.items())]
+    rows = [r for r in runs if all(r.get(k) == v for k, v in match.items()) and not r.get("temperature")]
     return max(rows, key=lambda r: r["tokens_per_s"]) if rows else None
 
 
@@ -435,7 +450,7 @@ def tune(res: dict, backend: str = "ort", quality_budget: float = 0.0) -> dict:
     """The (beam_width, threshold, mode) with the best measured tokens/s on ``backend`` whose
     accuracy is within ``quality_budget`` of the threshold baseline's; never slower than that
     baseline (if nothing beats it, the baseline itself is the pick)."""
-    runs = [r for r in res["runs"] if r["backend"] == backend]
+    runs = [r for r in res["runs"] if r["backend"] == backend and not r.get("temperature")]   # greedy runs only
     base = _best(runs, strategy="threshold")
     if base is None:
         raise UserError("--tune needs the threshold baseline in the run (--strategies threshold,spd)")
@@ -449,7 +464,7 @@ def tune(res: dict, backend: str = "ort", quality_budget: float = 0.0) -> dict:
 def overlay_profile(tuned: dict, base_profile, bench_json: str | None) -> dict:
     """A user profile that extends ``base_profile`` with the tuned decode defaults."""
     p = tuned["pick"]
-    picked = {**Config(**{f.name: p[f.name] for f in fields(Config)}).decode_kwargs(0), "beam_width": int(p["beam_width_used"])}
+    picked = {**Config(**{f.name: p[f.name] for f in fields(Config) if f.name in p}).decode_kwargs(0), "beam_width": int(p["beam_width_used"])}
     decode = {**base_profile.decode, **{k: picked[k] for k in PROFILE_DEFAULT_KEYS if k in picked}}
     return {"name": f"{base_profile.name}-tuned", "description": f"{base_profile.name} with decode defaults from bench --tune",
             "priority": base_profile.priority + 1, "match": dict(base_profile.match), "backends": list(base_profile.backends),

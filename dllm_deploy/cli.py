@@ -172,11 +172,12 @@ def cmd_bench(a) -> int:
         raise UserError("--n and --repeats must be >= 1")
     if a.tune and a.tune_out:
         _check_overlay_target(Path(a.tune_out))     # before the run, not after minutes of measuring
-    total = len(configurations(backends, strategies, widths, taus, a.tree)) * a.repeats + len(backends)
+    seeds = _csv(a.seeds, int) if a.seeds else []
+    total = len(configurations(backends, strategies, widths, taus, a.tree, seeds)) * a.repeats + len(backends)
     bar = _progress(total, "bench", sys.stderr.isatty() and not a.quiet)
     res = run_bench(a.artifact, backends, strategies, widths, taus, families, n=a.n, repeats=a.repeats,
                     gen_length=a.gen_length, tree=a.tree, batch_size=a.batch_size, memory=a.memory,
-                    cost_repeats=3 if a.quick else 5, device=a.device, progress=bar)
+                    cost_repeats=3 if a.quick else 5, device=a.device, progress=bar, seeds=seeds)
     if a.tune:
         from .profiles import get_profile
         t = tune(res, backend="ort" if "ort" in backends else backends[0], quality_budget=a.quality_budget)
@@ -412,6 +413,7 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--gen-length", type=int, default=256, help="token budget per prompt")
     b.add_argument("--tree", default=DEFAULT_TREE, help=f"spd tree preset ({' | '.join(PRESETS)})")
     b.add_argument("--device", default="cpu", help="device of the torch backend (cpu, cuda)")
+    b.add_argument("--seeds", default=None, help="also sample (temperature 0.7, top-p 0.9) with each of these seeds, e.g. 1,2,3")
     b.add_argument("--batch-size", type=int, default=1, help="prompts decoded together (1: per-request latency)")
     b.add_argument("--memory", action="store_true", help="also measure ORT peak memory per beam width (subprocesses)")
     b.add_argument("--quick", action="store_true", help="2 tasks x 1 prompt, 2 repeats, W=4, gen length 64: a smoke run")

@@ -238,7 +238,7 @@ class Decoder:
             return [RowOptions()] * n
         rows = list(rows)
         if len(rows) != n or not all(isinstance(r, RowOptions) for r in rows):
-            raise UserError(f"rows: one RowOptions per prompt expected ({n} prompts, {len(rows)} rows)")
+            raise UserError(f"{len(rows)} row options given for {n} prompts (one RowOptions per prompt)")
         for r in rows:
             err = option_error("max_tokens", r.max_tokens) or option_error("stop", r.stop)
             if err:
@@ -253,10 +253,6 @@ class Decoder:
         c = self.config
         if not prompts:
             raise UserError("no prompt given")
-        rows = list(rows) if rows is not None else [RowOptions()] * len(prompts)
-        if len(rows) != len(prompts):
-            raise UserError(f"{len(rows)} row options given for {len(prompts)} prompts (one per prompt)")
-        self.check_rows(rows)
         L = dcfg.block_length
         if L < 1 or dcfg.gen_length < 1:
             raise UserError("block length and gen length must be >= 1")
