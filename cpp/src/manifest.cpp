@@ -257,12 +257,14 @@ Manifest read_manifest(const std::string& folder_in, const std::string& precisio
   out.prefill.outputs = r.strings(gp, "outputs", "graphs.prefill.outputs");
   out.verify.inputs = r.strings(gv, "inputs", "graphs.verify.inputs");
   out.verify.outputs = r.strings(gv, "outputs", "graphs.verify.outputs");
-  const size_t n_in = 3 + 2 * static_cast<size_t>(out.model.num_layers) + (out.sample_pool ? 4 : 0);
+  // the sampling inputs (all four, or none: greedy-only graphs) besides the others
+  const size_t n_in = 3 + 2 * static_cast<size_t>(out.model.num_layers);
+  out.graphs_sample = sampling_inputs(out.prefill) == 4;
   for (const GraphIO* g : {&out.prefill, &out.verify})
-    if (g->inputs.size() != n_in || sampling_inputs(*g) != (out.sample_pool ? 4 : 0))
-      r.corrupt(out.sample_pool ? "graph inputs are not input_ids, position_ids, attention_mask, 2 past tensors per "
-                                  "layer and sample_u, temperature, top_k, top_p"
-                                : "graph inputs are not input_ids, position_ids, attention_mask and 2 past tensors per layer");
+    if (g->inputs.size() != n_in + sampling_inputs(*g) || sampling_inputs(*g) != (out.graphs_sample ? 4 : 0))
+      r.corrupt("graph inputs are not input_ids, position_ids, attention_mask, 2 past tensors per layer "
+                "(and sample_u, temperature, top_k, top_p)");
+  if (out.graphs_sample && !out.sample_pool) r.corrupt("the graphs sample, but there is no 'sampling'");
   if (out.prefill.outputs.size() != 3 + 2 * static_cast<size_t>(out.model.num_layers) || out.verify.outputs.size() != 2)
     r.corrupt("graph outputs are not (logits, top_ids, top_probs, present...) and (top_ids, top_probs)");
   out.prefill_file = r.string(*files_of, "prefill", "precisions." + precision + ".prefill");

@@ -49,7 +49,8 @@ struct Manifest {
   ModelConfig model;
   int topk = 0;              // K: ids/probabilities per position the graphs return
   int max_beam_width = 8;    // the largest W the export was checked for
-  int sample_pool = 0;       // P of "sampling": the tokens a row samples among; 0: the artifact cannot sample
+  int sample_pool = 0;       // P of "sampling": the tokens a row samples among (0: none)
+  bool graphs_sample = false;  // the graphs take the sampling inputs (schema 3); else greedy only
   std::string tokenizer_kind;
   GraphIO prefill, verify;
   std::string prefill_file, verify_file;  // paths inside the folder, for this precision

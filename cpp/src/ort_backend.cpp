@@ -208,7 +208,7 @@ OrtBackend::OrtBackend(const Manifest& m, int intra_op_threads) : impl_(new Impl
   ensure_onnxruntime_api();
   Impl& s = *impl_;
   s.layers = m.model.num_layers, s.hkv = m.model.num_kv_heads, s.d = m.model.head_dim, s.k = m.topk;
-  s.sampling = m.sample_pool > 0;
+  s.sampling = m.graphs_sample;
   for (const auto& n : m.prefill.inputs) s.feeds.push_back(feed_of(n));
   if (m.verify.inputs != m.prefill.inputs)
     artifact_error(m.folder + ": corrupt manifest (the prefill and verify graphs take different inputs)");

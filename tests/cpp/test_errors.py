@@ -87,7 +87,7 @@ CASES = {
     "negative steps": ("good", ["--steps", "-2"], "--steps must be >= 1, got -2", "option"),
     "max beam width 0": ("good", ["--max-beam-width", "0"], "argument --max-beam-width: must be >= 1", False),
     "file as artifact": ("manifest-file", [], "manifest.json: not a folder (an artifact is the folder", False),
-    "not implemented yet": ("good", ["--temperature", "0.7"], "temperature is not implemented yet", "option"),
+    "top k over the pool": ("good", ["--temperature", "0.7", "--top-k", "65"], "top k 65 is over the 64 tokens", True),
     "unknown flag": ("good", ["--sampling", "0"], "unrecognized argument", False),
 }
 
@@ -95,7 +95,7 @@ CASES = {
 def _python_error(artifact: Path, extra: list[str]) -> UserError:
     """The Python runtime's UserError for the same input (flag values typed by the declaration)."""
     from dllm_deploy import Runtime
-    from dllm_deploy.runtime.api import decode_config
+    from dllm_deploy.runtime.api import decode_config, row_options
     opts = dict(zip(extra[::2], extra[1::2]))
     prompt = opts.pop("--prompt", PROMPT)
     precision = opts.pop("--precision", "fp32")
@@ -108,7 +108,7 @@ def _python_error(artifact: Path, extra: list[str]) -> UserError:
             kw[name] = text
     try:
         rt = Runtime.load(artifact=str(artifact), precision=precision)
-        rt.decoder.generate([prompt], decode_config(**kw))
+        rt.decoder.generate([prompt], decode_config(**kw), [row_options(**kw)])
     except UserError as e:
         return e
     raise AssertionError("the Python runtime accepted it")

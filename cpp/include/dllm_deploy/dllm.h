@@ -125,8 +125,9 @@ typedef struct dllm_decode_config {
                               block-causal model, prefix for a bidirectional one) */
 } dllm_decode_config;
 
-/* The options of ABI 2 as a struct. Options declared since (temperature, top_k, top_p, seed) are
- * set by name only (dllm_options_set, below); both paths check values the same way. */
+/* The options of ABI 2 as a struct. Options declared since (temperature, top_k, top_p, seed,
+ * max_tokens, stop) are set by name only (dllm_options_set, below); both paths check values the
+ * same way. */
 DLLM_API void dllm_decode_config_init(dllm_decode_config* cfg);
 
 /* Decodes one prompt (batch 1): NUL-terminated UTF-8; invalid UTF-8 bytes are read as U+FFFD (one
