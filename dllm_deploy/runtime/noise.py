@@ -49,7 +49,7 @@ def philox4x64(counter, key) -> np.ndarray:
 
 def raw(seed, request, positions, steps) -> np.ndarray:
     """philox((position, step, request, 0), (seed, 0))[0] as uint64, the arguments broadcast."""
-    seed, request, positions, steps = np.broadcast_arrays(*(np.asarray(x, dtype=np.uint64)   # -1, 2**64: OverflowError
+    seed, request, positions, steps = np.broadcast_arrays(*(np.asarray(x, dtype=np.uint64)   # 2**64: OverflowError
                                                              for x in (seed, request, positions, steps)))
     zero = np.zeros_like(seed)
     counter = np.stack([positions, steps, request, zero], axis=-1)
