@@ -4,8 +4,11 @@
 //   dllm-generate --artifact DIR --prompts-file FILE --json      # one JSON object per line
 //
 // --json prints the keys of `dllm-deploy generate --json` (text, token_ids, forwards, tokens, tpf,
-// wall_s, tokens_per_s, beam_width_used, accepted_hist, finished, beam_width_requested) plus
-// backend_s (seconds inside ONNX Runtime). A prompts file holds one prompt per line: a line that
+// wall_s, tokens_per_s, beam_width_used, accepted_hist, finished, finish_reason,
+// time_to_first_token_s, beam_width_requested) plus backend_s (seconds inside ONNX Runtime).
+// --stream prints the text as it becomes final (docs/streaming.md), flushed per chunk; with --json,
+// one JSON object per chunk (index, delta, token_ids, forwards, tokens, finish_reason), then the
+// result's object, per prompt. A prompts file holds one prompt per line: a line that
 // starts with a double quote is a JSON string ("upper: air\n" carries its newline; one that is
 // not valid JSON text, e.g. not UTF-8 or an unpaired surrogate escape, is refused), any other
 // line is taken as is (without its line ending); blank lines are skipped. A prompt holding a NUL
@@ -30,7 +33,8 @@ namespace {
 
 const char* kUsage =
     "usage: dllm-generate --artifact DIR (--prompt TEXT | --prompts-file FILE) [--max-beam-width W]\n"
-    "                     [--precision fp32|int8|int4] [--threads N] [--no-verify] [--json] [DECODE OPTIONS]\n"
+    "                     [--precision fp32|int8|int4] [--threads N] [--no-verify] [--json] [--stream]\n"
+    "                     [DECODE OPTIONS]\n"
     "decode options:\n";
 
 // The usage line of every declared decode option with a flag.
@@ -121,7 +125,7 @@ void set_option(dllm::Options& options, const std::string& name, const std::stri
 
 int run(int argc, char** argv) {
   std::string artifact, prompt, prompts_file;
-  bool have_prompt = false, json = false;
+  bool have_prompt = false, json = false, stream = false;
   dllm::RuntimeOptions ropt;
   ropt.warnings_to_stderr = false;  // printed below with this program's prefix
   dllm::Options cfg;
@@ -133,6 +137,10 @@ int run(int argc, char** argv) {
     }
     if (flag == "--json") {
       json = true;
+      continue;
+    }
+    if (flag == "--stream") {
+      stream = true;
       continue;
     }
     if (flag == "--no-verify") {
@@ -156,18 +164,23 @@ int run(int argc, char** argv) {
 
   std::vector<std::string> prompts = have_prompt ? std::vector<std::string>{prompt} : read_prompts(prompts_file);
   dllm::Runtime rt(artifact, ropt);
+  // --stream: each chunk as it comes (its JSON line, or its delta)
+  const dllm::ChunkCallback print_chunk = [json](const dllm::Chunk& c) {
+    std::cout << (json ? c.json + "\n" : c.delta) << std::flush;
+    return true;
+  };
   for (const std::string& p : prompts) {
-    dllm::Result r = rt.generate(p, cfg);
+    dllm::Result r = stream ? rt.generate_stream(p, cfg, print_chunk) : rt.generate(p, cfg);
     const std::string warnings = r.warnings();
     if (!warnings.empty()) std::cerr << "dllm-generate: warning: " << warnings << "\n";
     if (json) {
       std::cout << r.json() << "\n" << std::flush;
     } else {
       const dllm::Stats s = r.stats();
-      std::cout << r.text() << "\n" << std::flush;
-      std::fprintf(stderr, "[%lld tokens, %lld forwards, TPF %.2f, %.1f tok/s, beam_width %d, backend ort-cpp]\n",
+      std::cout << (stream ? "" : r.text()) << "\n" << std::flush;
+      std::fprintf(stderr, "[%lld tokens, %lld forwards, TPF %.2f, %.1f tok/s, beam_width %d, backend ort-cpp, %s]\n",
                    static_cast<long long>(s.tokens), static_cast<long long>(s.forwards), s.tpf, s.tokens_per_s,
-                   s.beam_width_used);
+                   s.beam_width_used, r.finish_reason().c_str());
     }
   }
   return 0;

@@ -24,6 +24,7 @@ struct dllm_error {
 
 struct dllm_options {
   dllm::detail::DecodeOptions options;
+  bool gen_length_set = false;  // unset, gen_length defaults to max_tokens (docs/streaming.md)
 };
 
 struct dllm_runtime {
@@ -93,17 +94,42 @@ const char* default_text(const char* name) {
 }
 
 dllm_error* generate_with(dllm_runtime* rt, const char* prompt, const dllm::detail::DecodeOptions& d,
-                          dllm_result** out) {
+                          dllm_result** out, const dllm::detail::ChunkSink& sink = dllm::detail::ChunkSink()) {
   return guarded([&] {
     if (!out) dllm::detail::user_error("dllm_runtime_generate: out is NULL");
     *out = nullptr;
     if (!rt) dllm::detail::user_error("dllm_runtime_generate: runtime is NULL");
     if (!prompt) dllm::detail::user_error("dllm_runtime_generate: prompt is NULL");
     auto res = std::make_unique<dllm_result>();
-    res->row = rt->engine->generate(prompt, d);
+    res->row = rt->engine->generate(prompt, d, sink);
     res->json = res->row.to_json();
     *out = res.release();
   });
+}
+
+// The options by name as the engine takes them: gen_length, when not set, is max_tokens.
+dllm::detail::DecodeOptions resolved(const dllm_options* opts) {
+  if (!opts) return dllm::detail::DecodeOptions();
+  dllm::detail::DecodeOptions d = opts->options;
+  if (d.max_tokens && !opts->gen_length_set) d.gen_length = *d.max_tokens;
+  return d;
+}
+
+// A chunk as the C callback sees it; valid during the call only.
+dllm_chunk c_chunk(const dllm::detail::Chunk& c, const std::string& json) {
+  dllm_chunk out;
+  std::memset(&out, 0, sizeof out);
+  out.struct_size = sizeof out;
+  out.index = 0;
+  out.delta = c.delta.c_str();
+  out.delta_size = c.delta.size();
+  out.token_ids = c.token_ids.data();
+  out.token_count = c.token_ids.size();
+  out.forwards = c.forwards;
+  out.tokens = c.tokens;
+  out.finish_reason = c.finish_reason;
+  out.json = json.c_str();
+  return out;
 }
 
 }  // namespace
@@ -243,6 +269,7 @@ dllm_error* dllm_options_set(dllm_options* opts, const char* name, const char* v
   return guarded([&] {
     if (!opts || !name || !value) dllm::detail::user_error("dllm_options_set: opts, name and value must not be NULL");
     dllm::detail::set_option(opts->options, name, value);
+    if (std::strcmp(name, "gen_length") == 0) opts->gen_length_set = true;
   });
 }
 
@@ -264,7 +291,18 @@ const char* dllm_option_info(size_t index, const char* field) {
 
 dllm_error* dllm_runtime_generate_options(dllm_runtime* rt, const char* prompt, const dllm_options* opts,
                                           dllm_result** out) {
-  return generate_with(rt, prompt, opts ? opts->options : dllm::detail::DecodeOptions(), out);
+  return generate_with(rt, prompt, resolved(opts), out);
+}
+
+dllm_error* dllm_generate_stream(dllm_runtime* rt, const char* prompt, const dllm_options* opts,
+                                 dllm_chunk_callback on_chunk, void* user_data, dllm_result** out) {
+  std::string json;  // the chunk's JSON line, kept alive for the callback
+  const dllm::detail::ChunkSink sink = [&](const dllm::detail::Chunk& c) {
+    json = c.to_json(0);
+    const dllm_chunk chunk = c_chunk(c, json);
+    return on_chunk(&chunk, user_data) == 0;
+  };
+  return generate_with(rt, prompt, resolved(opts), out, on_chunk ? sink : dllm::detail::ChunkSink());
 }
 
 void dllm_result_destroy(dllm_result* res) { delete res; }
@@ -298,6 +336,8 @@ const int64_t* dllm_result_accepted_hist(const dllm_result* res, size_t* count) 
 }
 
 const char* dllm_result_warnings(const dllm_result* res) { return res ? res->row.warnings.c_str() : ""; }
+const char* dllm_result_finish_reason(const dllm_result* res) { return res ? res->row.finish_reason.c_str() : ""; }
+double dllm_result_time_to_first_token_s(const dllm_result* res) { return res ? res->row.time_to_first_token_s : -1.0; }
 const char* dllm_result_json(const dllm_result* res) { return res ? res->json.c_str() : "{}"; }
 
 }  // extern "C"

@@ -8,6 +8,7 @@
 #include "error.hpp"
 #include "json.hpp"
 #include "memory.hpp"
+#include "noise.hpp"
 
 namespace dllm::detail {
 
@@ -67,6 +68,9 @@ std::string RowResult::to_json() const {
   }
   o += "}, \"finished\": ";
   o += finished ? "true" : "false";
+  o += ", \"finish_reason\": ";
+  append_json_string(o, finish_reason);
+  o += ", \"time_to_first_token_s\": " + (time_to_first_token_s < 0 ? "null" : format_double(time_to_first_token_s));
   o += ", \"beam_width_requested\": " + std::to_string(beam_width_requested);
   o += ", \"backend_s\": " + format_double(backend_s);
   o += "}";
@@ -108,8 +112,12 @@ void Engine::set_beam_width_cap() {
   }
 }
 
-RowResult Engine::generate(const std::string& prompt, const DecodeOptions& cfg_in) {
+RowResult Engine::generate(const std::string& prompt, const DecodeOptions& cfg_in, const ChunkSink& sink) {
   validate(cfg_in);
+  if (cfg_in.max_tokens && *cfg_in.max_tokens > cfg_in.gen_length)
+    option_error(DLLM_ERROR_BAD_OPTION, "max_tokens",
+                 "max tokens (" + std::to_string(*cfg_in.max_tokens) + ") exceeds gen length (" +
+                     std::to_string(cfg_in.gen_length) + "): raise --gen-length or leave it out (it defaults to --max-tokens)");
   const ModelConfig& mc = manifest_.model;
   RowResult out;
   out.warnings.swap(load_warning_);  // the load's warning rides on the first result only
@@ -134,9 +142,12 @@ RowResult Engine::generate(const std::string& prompt, const DecodeOptions& cfg_i
     user_error("prompt of " + std::to_string(encoded.size()) + " tokens + " + std::to_string(budget) +
                " generated exceeds the model's max_seq " + std::to_string(mc.max_seq));
   Policy policy(cfg, mc.mask_token_id);  // after the length check: it sizes its scratch by L
+  set_sampling(cfg);
 
   const double backend0 = backend_->run_seconds;
   const auto t0 = std::chrono::steady_clock::now();
+  stream_.emplace(cfg.stop, std::min<int64_t>(budget, cfg.max_tokens.value_or(budget)), mc.eos_token_id);
+  sink_ = sink ? &sink : nullptr, cancelled_ = false, t0_ = t0;
   try {
     run(encoded, cfg, policy, n_blocks, mode, out);
   } catch (const std::bad_alloc&) {
@@ -146,7 +157,10 @@ RowResult Engine::generate(const std::string& prompt, const DecodeOptions& cfg_i
   }
   const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 
-  out.text = tokenizer_.decode(out.token_ids);
+  out.text = stream_->text();
+  out.token_ids = stream_->ids();
+  out.finish_reason = cancelled_ ? "cancelled" : stream_->finish_reason();
+  out.finished = out.finish_reason == "eos" || out.finish_reason == "stop";
   out.tokens = static_cast<int64_t>(out.token_ids.size());
   out.tpf = static_cast<double>(out.tokens) / static_cast<double>(std::max<int64_t>(out.forwards, 1));
   out.wall_s = wall;
@@ -155,6 +169,21 @@ RowResult Engine::generate(const std::string& prompt, const DecodeOptions& cfg_i
   out.beam_width_used = policy.width();
   out.beam_width_requested = requested;
   return out;
+}
+
+// The row's sampling parameters into the backend (greedy: 0, 0, 1 on a sampling artifact). A
+// schema-2 artifact's graphs cannot sample; top_k is at most the artifact's sampling pool.
+void Engine::set_sampling(const DecodeOptions& cfg) {
+  sampling_ = cfg.temperature > 0;
+  if (sampling_ && !backend_->samples())
+    user_error(manifest_.folder + ": this artifact was exported without sampling (schema " +
+               std::to_string(manifest_.schema_version) + "); re-export it to sample (temperature > 0)");
+  if (backend_->samples() && cfg.top_k > manifest_.sample_pool)
+    user_error("top k " + std::to_string(cfg.top_k) + " is over the " + std::to_string(manifest_.sample_pool) +
+               " tokens " + manifest_.folder + " samples from (its sampling pool; export --sample-pool sets it)");
+  seed_ = static_cast<uint64_t>(cfg.seed), request_ = 0;
+  if (backend_->samples())
+    backend_->set_sampling(static_cast<float>(cfg.temperature), cfg.top_k, static_cast<float>(cfg.top_p));
 }
 
 // The decode loop (loop.py::_Run.decode): the first block, then each block decoded until it is
@@ -167,20 +196,33 @@ void Engine::run(const std::vector<int64_t>& prompt, const DecodeOptions& cfg, P
   bidi_ = mc.attention != "block_causal";
   anchor_ = mc.shift_logits;  // canvas.cpp keeps it out of mode none
   size_buffers(prompt, n_blocks_, mode, static_cast<size_t>(policy.width()));
+  depths_ = node_depths(policy.spec());
   out.accepted_hist.assign(W_ + 2, 0);
-  out.token_ids.reserve(n_blocks_ * L_);
+  done_.clear();
   first_block();
   out.forwards = 1;
   for (size_t k = 0; k < n_blocks_; ++k) {
-    decode_block(k, policy, out);
-    const int64_t stop = block_status(state_, mask_id_, eos_id_).stop;
-    out.token_ids.insert(out.token_ids.end(), state_.begin(), stop >= 0 ? state_.begin() + stop : state_.end());
-    out.finished = stop >= 0;
-    if (k == n_blocks_ - 1 || out.finished) break;
+    if (decode_block(k, policy, out) || k == n_blocks_ - 1) break;
+    done_.insert(done_.end(), state_.begin(), state_.end());  // no EOS: it would have finished the row
     next_block(k);
     out.forwards += 1;
   }
+  if (!stream_->finished() && !cancelled_)  // the canvas's last report reaches the budget
+    fail(DLLM_ERROR_INTERNAL, "internal error: the decode ended without a finish reason");
   while (out.accepted_hist.size() > 1 && out.accepted_hist.back() == 0) out.accepted_hist.pop_back();
+}
+
+// The report after a forward (docs/streaming.md): the row's final ids (the finished blocks, then
+// the current block's committed left-to-right prefix) into the stream, a chunk to the sink when
+// one is due. True when decoding stops here: the row finished, or the sink cancelled.
+bool Engine::report(RowResult& out) {
+  final_ = done_;
+  final_.insert(final_.end(), state_.begin(), std::find(state_.begin(), state_.end(), mask_id_));
+  if (!stream_->report(final_, out.forwards, &chunk_)) return false;
+  if (out.time_to_first_token_s < 0 && !chunk_.token_ids.empty())
+    out.time_to_first_token_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0_).count();
+  if (sink_ && !(*sink_)(chunk_) && !stream_->finished()) cancelled_ = true;
+  return cancelled_ || stream_->finished();
 }
 
 // Every buffer sized once (max_tokens new tokens over max_past cached, prefills within
@@ -207,6 +249,7 @@ void Engine::size_buffers(const std::vector<int64_t>& prompt, size_t n_blocks, C
   fp_.resize(L * K_);
   vi_.resize(W * L * K_);
   vp_.resize(W * L * K_);
+  branch_steps_.resize(W);
   prefix_ = Prefix::of_prompt(prompt);
   be.clear_cache();
 }
@@ -217,19 +260,26 @@ void Engine::first_block() {
   std::fill(state_.begin(), state_.end(), mask_id_);
   const Plan plan = bidi_ ? refresh(prefix_, state_.data(), L_, suffix_len(0), mask_id_, mode_, anchor_)
                           : detail::first_block(prefix_, state_.data(), L_, mode_);
-  run_plan(plan, fi_.data(), fp_.data());
+  run_plan(plan, nullptr, fi_.data(), fp_.data());
 }
 
 // Fills block k's state S until it is full or ends (loop.py::_Run.decode_block): W drafts, one
-// verify forward over them, then the selection as deep as verification allows.
-void Engine::decode_block(size_t k, Policy& policy, RowResult& out) {
+// verify forward over them, then the selection as deep as verification allows. Each forward's
+// report follows the base rule's next step (node 0, which every selection reaches); true when a
+// report stopped decoding (the row finished or was cancelled).
+bool Engine::decode_block(size_t k, Policy& policy, RowResult& out) {
   const size_t L = L_, K = K_;
   int64_t step = 0;  // rule steps taken
-  for (;;) {
+  auto take_node0 = [&] {
     policy.plan(state_.data(), fi_.data(), fp_.data(), static_cast<int>(K), step, nodes_.data());
     std::copy(nodes_.begin(), nodes_.begin() + static_cast<long>(L), state_.begin());  // node 0 is known exactly
-    if (block_status(state_, mask_id_, eos_id_).done) return;
-    run_plan(verify_plan(k), vi_.data(), vp_.data());
+  };
+  take_node0();
+  for (;;) {
+    if (report(out)) return true;
+    if (block_status(state_, mask_id_, eos_id_).done) return false;
+    for (size_t w = 0; w < W_; ++w) branch_steps_[w] = step + depths_[w] + 1;
+    run_plan(verify_plan(k), branch_steps_.data(), vi_.data(), vp_.data());
     int64_t steps = 0;
     const size_t cur = static_cast<size_t>(policy.select(nodes_.data(), vi_.data(), vp_.data(), static_cast<int>(K),
                                                          step, &steps));
@@ -242,7 +292,7 @@ void Engine::decode_block(size_t k, Policy& policy, RowResult& out) {
     std::copy(vp_.begin() + static_cast<long>(cur * L * K), vp_.begin() + static_cast<long>((cur + 1) * L * K),
               fp_.begin());
     step += steps;
-    if (block_status(state_, mask_id_, eos_id_).done) return;
+    if (!block_status(state_, mask_id_, eos_id_).done) take_node0();
   }
 }
 
@@ -267,13 +317,13 @@ void Engine::next_block(size_t k) {
     prefix_.extend(state_.data(), L_);
   }
   state_ = nxt;
-  run_plan(plan, fi_.data(), fp_.data());
+  run_plan(plan, nullptr, fi_.data(), fp_.data());
 }
 
 // One engine call (prefix.py::PrefixState.run): the plan's tokens, positions and mask into the
 // backend, a prefill (keep > 0) or a verify over the cache it names; top ids/probs (W,L,K) at the
 // plan's read columns into top_ids/top_probs.
-void Engine::run_plan(const Plan& plan, int64_t* top_ids, float* top_probs) {
+void Engine::run_plan(const Plan& plan, const int64_t* steps, int64_t* top_ids, float* top_probs) {
   OrtBackend& be = *backend_;
   if (plan.cache != PlanCache::kReuse) be.clear_cache();
   if (plan.rows != 1 || plan.cached != be.cache_length())
@@ -282,6 +332,7 @@ void Engine::run_plan(const Plan& plan, int64_t* top_ids, float* top_probs) {
   std::copy(plan.ids.begin(), plan.ids.end(), be.ids());
   std::copy(plan.positions.begin(), plan.positions.end(), be.pos());
   std::copy(plan.mask.begin(), plan.mask.end(), be.mask());
+  if (be.samples()) fill_noise(plan, steps);
   if (plan.keep)
     be.prefill(plan.tokens, plan.keep);
   else
@@ -292,6 +343,19 @@ void Engine::run_plan(const Plan& plan, int64_t* top_ids, float* top_probs) {
     std::copy(be.top_ids() + col * K, be.top_ids() + (col + 1) * K, top_ids + i * K);
     std::copy(be.top_probs() + col * K, be.top_probs() + (col + 1) * K, top_probs + i * K);
   }
+}
+
+// sample_u of one call (prefix.py::PrefixState.run): a read column serves its branch's step
+// (steps[w]; a block-start forward: 0), a column not read back step 0; the uniform of a column is
+// that of its position id at its step. Greedy rows feed zeros (the graph takes the top-1).
+void Engine::fill_noise(const Plan& plan, const int64_t* steps) {
+  float* u = backend_->sample_u();
+  if (!sampling_) return std::fill(u, u + plan.tokens, 0.0f);
+  col_steps_.assign(plan.tokens, 0);
+  if (steps)
+    for (size_t w = 0; w < plan.branches; ++w)
+      for (size_t l = 0; l < plan.length; ++l) col_steps_[static_cast<size_t>(plan.read[w * plan.length + l])] = steps[w];
+  for (size_t t = 0; t < plan.tokens; ++t) u[t] = sample_uniform(seed_, request_, plan.positions[t], col_steps_[t]);
 }
 
 }  // namespace dllm::detail

@@ -7,13 +7,18 @@
 //         S, f(S) = policy.select(nodes, f)  # as deep as verification allows
 //     next_block                         commit (block-causal) or refresh (bidirectional)
 // What each forward feeds is a canvas.hpp Plan (the builders of canvas.py); run_plan is the one
-// place an engine call is made. Every forward counts.
+// place an engine call is made. Every forward counts. Under sampling (temperature > 0, a schema-3
+// artifact) each forward also feeds every token's uniform: a pure function of (seed, request,
+// position, base-rule step), so a drafted node sees the noise its base-rule step would.
 //
 // Dimension legend: p prompt tokens, L block length, W beam width, K top-k, N = p + n_blocks * L.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
+#include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -21,12 +26,13 @@
 #include "manifest.hpp"
 #include "ort_backend.hpp"
 #include "policy.hpp"
+#include "stream.hpp"
 #include "tokenizer.hpp"
 
 namespace dllm::detail {
 
 struct RowResult {
-  std::string text;
+  std::string text;                    // the released text: the chunks' deltas joined
   std::vector<int64_t> token_ids;
   int64_t forwards = 0;
   int64_t tokens = 0;
@@ -36,7 +42,9 @@ struct RowResult {
   double backend_s = 0.0;
   int beam_width_used = 1;
   int beam_width_requested = 1;
-  bool finished = false;
+  bool finished = false;               // eos or stop
+  std::string finish_reason;           // "eos" | "stop" | "length" | "cancelled" (the callback said stop)
+  double time_to_first_token_s = -1;   // decode start -> the first chunk with token ids; -1: none
   std::vector<int64_t> accepted_hist;  // [steps] -> verifications that accepted that many
   std::string warnings;
 
@@ -54,10 +62,16 @@ struct EngineOptions {
 // loop.py::resolve_cache (the same messages): the mode a model and beam width W run under.
 CacheMode resolve_cache(const std::string& mode, const std::string& attention, int width);
 
+// Called on the decoding thread with each chunk (stream.hpp); false cancels the generation.
+using ChunkSink = std::function<bool(const Chunk&)>;
+
 class Engine {
  public:
   Engine(const std::string& artifact_dir, const EngineOptions& options);
-  RowResult generate(const std::string& prompt, const DecodeOptions& cfg);
+  // The row decoded under cfg's stop conditions (max_tokens, stop, EOS); sink (optional) gets the
+  // chunks as they become final. A cancelled generation returns what was delivered, finish_reason
+  // "cancelled"; the engine stays usable.
+  RowResult generate(const std::string& prompt, const DecodeOptions& cfg, const ChunkSink& sink = ChunkSink());
   int max_seq() const { return manifest_.model.max_seq; }
   int max_beam_width() const { return cap_; }
 
@@ -65,13 +79,18 @@ class Engine {
   void set_beam_width_cap();
   void run(const std::vector<int64_t>& prompt, const DecodeOptions& cfg, Policy& policy, int n_blocks,
            CacheMode mode, RowResult& out);
+  bool report(RowResult& out);  // after every forward: the row's final ids to the stream; true: stop decoding
   void size_buffers(const std::vector<int64_t>& prompt, size_t n_blocks, CacheMode mode, size_t W);
   void first_block();
-  void decode_block(size_t k, Policy& policy, RowResult& out);
+  bool decode_block(size_t k, Policy& policy, RowResult& out);  // true: the row finished (or was cancelled)
   void next_block(size_t k);
   Plan verify_plan(size_t k) const;
   size_t suffix_len(size_t k) const { return bidi_ ? (n_blocks_ - k - 1) * L_ : 0; }
-  void run_plan(const Plan& plan, int64_t* top_ids, float* top_probs);
+  // steps: the base-rule step each of the plan's W branches serves (noise.hpp; NULL: a
+  // block-start forward, step 0).
+  void run_plan(const Plan& plan, const int64_t* steps, int64_t* top_ids, float* top_probs);
+  void fill_noise(const Plan& plan, const int64_t* steps);
+  void set_sampling(const DecodeOptions& cfg);
 
   Manifest manifest_;
   EngineOptions options_;
@@ -86,7 +105,19 @@ class Engine {
   bool anchor_ = false;  // shifted logits: under a bidirectional cache the prefix's last token rides in each call
   size_t L_ = 0, W_ = 1, K_ = 1, n_blocks_ = 0;
   int64_t mask_id_ = 0, eos_id_ = 0;
+  bool sampling_ = false;        // temperature > 0: each fed token gets its uniform
+  uint64_t seed_ = 0, request_ = 0;
+  std::vector<int> depths_;      // (W,) the policy's node depths
+  std::vector<int64_t> branch_steps_;  // (W,) the step each verified node serves
+  std::vector<int64_t> col_steps_;     // (T,) the step of each fed column
   Prefix prefix_;                // prompt + committed blocks
+  std::vector<int64_t> done_;    // the finished blocks' tokens
+  std::vector<int64_t> final_;   // scratch: done_ + the current block's committed prefix
+  std::optional<RowStream> stream_;
+  const ChunkSink* sink_ = nullptr;
+  Chunk chunk_;
+  bool cancelled_ = false;
+  std::chrono::steady_clock::time_point t0_;
   std::vector<int64_t> state_;   // (L,)   the block state S
   std::vector<int64_t> nodes_;   // (W,L)  drafted states
   std::vector<int64_t> fi_;      // (L,K)  f(S): top ids

@@ -1,5 +1,6 @@
 #include "manifest.hpp"
 
+#include <algorithm>
 #include <cerrno>
 #include <filesystem>
 #include <fstream>
@@ -134,6 +135,29 @@ std::string describe(const Json& v) {
   return "<non-scalar>";
 }
 
+// How many of the four sampling inputs a graph lists.
+size_t sampling_inputs(const GraphIO& g) {
+  size_t n = 0;
+  for (const char* name : kSamplingInputs) n += std::count(g.inputs.begin(), g.inputs.end(), name) == 1;
+  return n;
+}
+
+// "sampling": {"pool": P, "noise": "philox4x64-10/v1"} (schema 3): P >= 1 tokens sampled among,
+// with the noise of noise.hpp. Absent: the artifact decodes greedy only. The same checks as
+// artifact/__init__.py::_check_shape (then K <= P, and a noise this runtime draws).
+void read_sampling(const Reader& r, const Json& m, Manifest& out) {
+  const Json* s = find(m, "sampling");
+  if (!s) return;
+  const Json* pool = find(*s, "pool");
+  if (!pool || !is_int(*pool) || pool->get<int>() < 1) r.corrupt("'sampling' has no positive integer 'pool'");
+  out.sample_pool = pool->get<int>();
+  if (out.topk > out.sample_pool) r.corrupt("'topk' is larger than 'sampling.pool'");
+  const Json* noise = find(*s, "noise");
+  if (noise && !(noise->is_string() && noise->get<std::string>() == "philox4x64-10/v1"))
+    fail(DLLM_ERROR_UNSUPPORTED, out.folder + ": sampling noise " + describe(*noise) +
+                                     " is not supported (this runtime draws 'philox4x64-10/v1')");
+}
+
 }  // namespace
 
 Manifest read_manifest(const std::string& folder_in, const std::string& precision, bool verify) {
@@ -160,7 +184,7 @@ Manifest read_manifest(const std::string& folder_in, const std::string& precisio
   const double version = sv.is_number() ? sv.get<double>() : 0.0;
   if (!sv.is_number() || version < kOldestSchemaVersion || version > kSchemaVersion ||
       version != static_cast<int>(version))
-    artifact_error(path + ": unknown schema_version " + describe(sv) + " (this runtime reads 1, 2)");
+    artifact_error(path + ": unknown schema_version " + describe(sv) + " (this runtime reads 1, 2, 3)");
   for (const char* key : {"model", "precisions", "files", "graphs", "tokenizer"})
     if (!find(m, key)) r.corrupt(std::string("no '") + key + "'");
 
@@ -221,6 +245,7 @@ Manifest read_manifest(const std::string& folder_in, const std::string& precisio
     if (dim < 1) r.corrupt("model dimensions must be >= 1");
   out.topk = r.integer(m, "topk", "topk");
   if (out.topk < 1) r.corrupt("'topk' must be >= 1");
+  read_sampling(r, m, out);
   if (find(m, "max_beam_width")) out.max_beam_width = r.integer(m, "max_beam_width", "max_beam_width");
   const Json& tok = r.object(m, "tokenizer", "tokenizer");
   const Json* kind = find(tok, "kind");
@@ -232,10 +257,15 @@ Manifest read_manifest(const std::string& folder_in, const std::string& precisio
   out.prefill.outputs = r.strings(gp, "outputs", "graphs.prefill.outputs");
   out.verify.inputs = r.strings(gv, "inputs", "graphs.verify.inputs");
   out.verify.outputs = r.strings(gv, "outputs", "graphs.verify.outputs");
+  // the sampling inputs (all four, or none: greedy-only graphs) besides the others
   const size_t n_in = 3 + 2 * static_cast<size_t>(out.model.num_layers);
-  if (out.prefill.inputs.size() != n_in || out.verify.inputs.size() != n_in)
-    r.corrupt("graph inputs are not input_ids, position_ids, attention_mask and 2 past tensors per layer");
-  if (out.prefill.outputs.size() != n_in || out.verify.outputs.size() != 2)
+  out.graphs_sample = sampling_inputs(out.prefill) == 4;
+  for (const GraphIO* g : {&out.prefill, &out.verify})
+    if (g->inputs.size() != n_in + sampling_inputs(*g) || sampling_inputs(*g) != (out.graphs_sample ? 4 : 0))
+      r.corrupt("graph inputs are not input_ids, position_ids, attention_mask, 2 past tensors per layer "
+                "(and sample_u, temperature, top_k, top_p)");
+  if (out.graphs_sample && !out.sample_pool) r.corrupt("the graphs sample, but there is no 'sampling'");
+  if (out.prefill.outputs.size() != 3 + 2 * static_cast<size_t>(out.model.num_layers) || out.verify.outputs.size() != 2)
     r.corrupt("graph outputs are not (logits, top_ids, top_probs, present...) and (top_ids, top_probs)");
   out.prefill_file = r.string(*files_of, "prefill", "precisions." + precision + ".prefill");
   out.verify_file = r.string(*files_of, "verify", "precisions." + precision + ".verify");

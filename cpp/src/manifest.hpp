@@ -7,9 +7,11 @@
 
 namespace dllm::detail {
 
+// 3: the graphs sample (inputs sample_u, temperature, top_k, top_p; manifest "sampling");
 // 2: the graphs exclude the mask token and a pad token distinct from EOS (DESIGN §8);
 // 1 is still read: its graphs may emit them, and the backend demotes them on the host.
-constexpr int kSchemaVersion = 2;
+// An artifact without "sampling" decodes greedy only.
+constexpr int kSchemaVersion = 3;
 constexpr int kOldestSchemaVersion = 1;
 
 struct ModelConfig {
@@ -30,8 +32,13 @@ struct ModelConfig {
   bool shift_logits = false;   // Dream: row i-1 predicts row i (the decoder keeps an anchor row)
 };
 
+// The graphs' sampling inputs (schema 3), fed by name: sample_u (1,T) f32, temperature (1,) f32,
+// top_k (1,) i64, top_p (1,) f32.
+inline const char* const kSamplingInputs[] = {"sample_u", "temperature", "top_k", "top_p"};
+
 struct GraphIO {
-  std::vector<std::string> inputs;   // input_ids, position_ids, attention_mask, past (k0, v0, k1, ...)
+  std::vector<std::string> inputs;   // input_ids, position_ids, attention_mask, past (k0, v0, k1, ...),
+                                     // and (schema 3) the sampling inputs, wherever the list puts them
   std::vector<std::string> outputs;  // prefill: logits, top_ids, top_probs, present...; verify: top_ids, top_probs
 };
 
@@ -42,6 +49,8 @@ struct Manifest {
   ModelConfig model;
   int topk = 0;              // K: ids/probabilities per position the graphs return
   int max_beam_width = 8;    // the largest W the export was checked for
+  int sample_pool = 0;       // P of "sampling": the tokens a row samples among (0: none)
+  bool graphs_sample = false;  // the graphs take the sampling inputs (schema 3); else greedy only
   std::string tokenizer_kind;
   GraphIO prefill, verify;
   std::string prefill_file, verify_file;  // paths inside the folder, for this precision

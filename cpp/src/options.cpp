@@ -15,9 +15,12 @@ const OptionSpec& option_at(size_t index) { return kDecodeOptions[index]; }
 
 namespace {
 
+// A declared bound as Python's decode_rules._num writes it: an integral value without a fraction
+// (the seed's 2**64 - 1, stored as the double 2**64, included).
 std::string number(double v) {
+  if (v == 0x1p64) return "18446744073709551615";
   char buf[32];
-  std::snprintf(buf, sizeof buf, "%g", v);
+  std::snprintf(buf, sizeof buf, std::floor(v) == v && std::fabs(v) < 0x1p53 ? "%.0f" : "%g", v);
   return buf;
 }
 
@@ -55,7 +58,7 @@ bool is_default(const OptionSpec& o, const OptionValue& v) {
   switch (o.type) {
     case OptionType::kStr: return v.s == d;
     case OptionType::kBool: return v.b == (d == "true");
-    case OptionType::kInt: return static_cast<double>(v.i) == std::strtod(d.c_str(), nullptr);
+    case OptionType::kInt: return v.f == std::strtod(d.c_str(), nullptr);
     case OptionType::kFloat: return v.f == std::strtod(d.c_str(), nullptr);
   }
   return false;
@@ -70,13 +73,16 @@ void check(const OptionSpec& o, const OptionValue& v, const std::string& shown) 
   if (*o.choices && !has_choice(o, v.s))
     option_error(DLLM_ERROR_BAD_OPTION, o.name, std::string("unknown ") + o.label + " '" + v.s +
                                                     "' (expected one of " + choices_text(o) + ")");
-  const double x = o.type == OptionType::kInt ? static_cast<double>(v.i) : v.f;
+  const double x = v.f;
   if ((o.type == OptionType::kInt || o.type == OptionType::kFloat) && (o.has_min || o.has_max) && !in_range(o, x))
     bad(o, "must be " + range_text(o) + ", got " + shown);
   if (!o.implemented && !is_default(o, v))
     option_error(DLLM_ERROR_UNSUPPORTED, o.name, std::string(o.label) + " is not implemented yet (only " +
                                                      o.default_text + " is accepted), got " + shown);
 }
+
+// An int declared with a maximum beyond int32: a uint64_t field (gen_decode_options.py).
+bool wide(const OptionSpec& o) { return o.type == OptionType::kInt && o.has_max && o.max > 2147483647.0; }
 
 OptionValue parse(const OptionSpec& o, const std::string& text) {
   OptionValue v;
@@ -88,10 +94,15 @@ OptionValue parse(const OptionSpec& o, const std::string& text) {
   errno = 0;
   switch (o.type) {
     case OptionType::kInt: {
+      if (wide(o) && !text.empty() && text[0] != '-') {  // a uint64_t field: all 64 bits
+        const unsigned long long x = std::strtoull(text.c_str(), &end, 10);
+        if (*end != '\0' || errno != 0) bad(o, "must be an integer, got '" + text + "'");
+        return option_value(static_cast<uint64_t>(x));
+      }
       const long long x = std::strtoll(text.c_str(), &end, 10);
       if (text.empty() || *end != '\0' || errno != 0 || x < -2147483647LL || x > 2147483647LL)
         bad(o, "must be an integer, got '" + text + "'");
-      v.i = x;
+      v.i = x, v.u = x < 0 ? 0 : static_cast<uint64_t>(x), v.f = static_cast<double>(x);
       break;
     }
     case OptionType::kFloat:
@@ -113,7 +124,7 @@ OptionValue parse(const OptionSpec& o, const std::string& text) {
 std::string shown(const OptionSpec& o, const OptionValue& v) {
   if (v.null) return "null";
   switch (o.type) {
-    case OptionType::kInt: return std::to_string(v.i);
+    case OptionType::kInt: return v.i < 0 ? std::to_string(v.i) : std::to_string(v.u);
     case OptionType::kFloat: return number(v.f);
     case OptionType::kBool: return v.b ? "true" : "false";
     case OptionType::kStr: return v.s;

@@ -34,13 +34,23 @@ struct OptionSpec {
 
 struct OptionValue {          // one option's value, whatever its type
   bool null = false;
-  int64_t i = 0;
-  double f = 0.0;
+  int64_t i = 0;              // an int (a uint64_t beyond INT64_MAX: INT64_MAX)
+  uint64_t u = 0;             // an int >= 0, all 64 bits (the seed)
+  double f = 0.0;             // a float; an int as a number (for range checks)
   std::string s;
   bool b = false;
 };
 
-inline OptionValue option_value(int v) { OptionValue x; x.i = v; return x; }
+inline OptionValue option_value(int v) {
+  OptionValue x;
+  x.i = v, x.u = v < 0 ? 0 : static_cast<uint64_t>(v), x.f = v;
+  return x;
+}
+inline OptionValue option_value(uint64_t v) {
+  OptionValue x;
+  x.u = v, x.i = v > static_cast<uint64_t>(INT64_MAX) ? INT64_MAX : static_cast<int64_t>(v), x.f = static_cast<double>(v);
+  return x;
+}
 inline OptionValue option_value(double v) { OptionValue x; x.f = v; return x; }
 inline OptionValue option_value(const std::string& v) { OptionValue x; x.s = v; return x; }
 inline OptionValue option_value(bool v) { OptionValue x; x.b = v; return x; }
@@ -53,6 +63,7 @@ OptionValue option_value(const std::optional<T>& v) {
 }
 
 inline void assign(int& x, const OptionValue& v) { x = static_cast<int>(v.i); }
+inline void assign(uint64_t& x, const OptionValue& v) { x = v.u; }
 inline void assign(double& x, const OptionValue& v) { x = v.f; }
 inline void assign(std::string& x, const OptionValue& v) { x = v.s; }
 inline void assign(bool& x, const OptionValue& v) { x = v.b; }

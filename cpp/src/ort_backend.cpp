@@ -46,8 +46,37 @@ void ensure_onnxruntime_api() {
                                      std::to_string(ORT_API_VERSION) + "); use a library at least as new as the headers");
 }
 
+namespace {
+
+// What a graph input is fed from, by its name: the past tensors are the inputs without another
+// role, in the manifest's order (k0, v0, k1, ...).
+enum class Feed { kIds, kPos, kMask, kSampleU, kTemperature, kTopK, kTopP, kPast };
+
+Feed feed_of(const std::string& name) {
+  if (name == "input_ids") return Feed::kIds;
+  if (name == "position_ids") return Feed::kPos;
+  if (name == "attention_mask") return Feed::kMask;
+  if (name == "sample_u") return Feed::kSampleU;
+  if (name == "temperature") return Feed::kTemperature;
+  if (name == "top_k") return Feed::kTopK;
+  if (name == "top_p") return Feed::kTopP;
+  return Feed::kPast;
+}
+
+ONNXTensorElementDataType element_type(Feed f) {
+  switch (f) {
+    case Feed::kIds: case Feed::kPos: case Feed::kTopK: return ONNX_TENSOR_ELEMENT_DATA_TYPE_INT64;
+    case Feed::kMask: return ONNX_TENSOR_ELEMENT_DATA_TYPE_BOOL;
+    default: return ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT;
+  }
+}
+
+}  // namespace
+
 struct OrtBackend::Impl {
   int layers = 0, hkv = 0, d = 0, k = 0;
+  bool sampling = false;               // the graphs take the sampling inputs (schema 3)
+  std::vector<Feed> feeds;             // per graph input, in the manifest's order (both graphs alike)
   std::vector<int64_t> host_excluded;  // ids a schema-1 graph may choose (empty: the graphs exclude them)
   Ort::Env env{nullptr};
   Ort::Session prefill{nullptr}, verify{nullptr};
@@ -59,6 +88,9 @@ struct OrtBackend::Impl {
   size_t cap_tokens = 0, cap_past = 0, cap_present = 0, cache_len = 0;
   std::vector<int64_t> ids, pos;
   std::vector<uint8_t> mask;
+  std::vector<float> sample_u;              // (T,)
+  float temperature = 0.0f, top_p_in = 1.0f;   // the row's sampling parameters (greedy: 0, 0, 1)
+  int64_t top_k = 0;
   std::vector<std::vector<float>> past;     // 2 per layer: (Hkv, P, D)
   std::vector<std::vector<float>> present;  // 2 per layer: (Hkv, P+T, D)
   std::vector<int64_t> top_i;               // (T, K)
@@ -67,20 +99,27 @@ struct OrtBackend::Impl {
 
   void add_inputs(size_t t) {
     const int64_t P = static_cast<int64_t>(cache_len), T = static_cast<int64_t>(t);
-    const int64_t ids_shape[2] = {1, T};
+    const int64_t ids_shape[2] = {1, T}, row_shape[1] = {1};
     const int64_t mask_shape[4] = {1, 1, T, P + T};
     const int64_t past_shape[4] = {1, hkv, P, d};
+    const size_t past_bytes = static_cast<size_t>(hkv * P * d) * sizeof(float);
+    auto tensor = [&](void* data, size_t bytes, const int64_t* shape, size_t rank, Feed f) {
+      in_values.push_back(Ort::Value::CreateTensor(mem, data, bytes, shape, rank, element_type(f)));
+    };
     in_values.clear();
-    in_values.push_back(Ort::Value::CreateTensor(mem, ids.data(), t * sizeof(int64_t), ids_shape, 2,
-                                                 ONNX_TENSOR_ELEMENT_DATA_TYPE_INT64));
-    in_values.push_back(Ort::Value::CreateTensor(mem, pos.data(), t * sizeof(int64_t), ids_shape, 2,
-                                                 ONNX_TENSOR_ELEMENT_DATA_TYPE_INT64));
-    in_values.push_back(Ort::Value::CreateTensor(mem, mask.data(), static_cast<size_t>(T * (P + T)), mask_shape, 4,
-                                                 ONNX_TENSOR_ELEMENT_DATA_TYPE_BOOL));
-    const size_t bytes = static_cast<size_t>(hkv * P * d) * sizeof(float);
-    for (auto& buf : past)
-      in_values.push_back(Ort::Value::CreateTensor(mem, buf.data(), bytes, past_shape, 4,
-                                                   ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT));
+    size_t next_past = 0;
+    for (Feed f : feeds) {
+      switch (f) {
+        case Feed::kIds: tensor(ids.data(), t * sizeof(int64_t), ids_shape, 2, f); break;
+        case Feed::kPos: tensor(pos.data(), t * sizeof(int64_t), ids_shape, 2, f); break;
+        case Feed::kMask: tensor(mask.data(), static_cast<size_t>(T * (P + T)), mask_shape, 4, f); break;
+        case Feed::kSampleU: tensor(sample_u.data(), t * sizeof(float), ids_shape, 2, f); break;
+        case Feed::kTemperature: tensor(&temperature, sizeof(float), row_shape, 1, f); break;
+        case Feed::kTopK: tensor(&top_k, sizeof(int64_t), row_shape, 1, f); break;
+        case Feed::kTopP: tensor(&top_p_in, sizeof(float), row_shape, 1, f); break;
+        case Feed::kPast: tensor(past[next_past++].data(), past_bytes, past_shape, 4, f); break;
+      }
+    }
   }
 
   void add_top_outputs(size_t t) {
@@ -139,14 +178,12 @@ void check_io(Ort::Session& s, const std::string& graph, const GraphIO& io, bool
   if (s.GetInputCount() != io.inputs.size()) bad("input count");
   for (size_t i = 0; i < io.inputs.size(); ++i) {
     if (s.GetInputNameAllocated(i, alloc).get() != io.inputs[i]) bad("input " + io.inputs[i]);
-    auto type = s.GetInputTypeInfo(i).GetTensorTypeAndShapeInfo().GetElementType();
-    auto want = i < 2 ? ONNX_TENSOR_ELEMENT_DATA_TYPE_INT64
-                      : i == 2 ? ONNX_TENSOR_ELEMENT_DATA_TYPE_BOOL : ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT;
-    if (type != want) {
-      if (i >= 3) fail(DLLM_ERROR_UNSUPPORTED, file + ": the KV cache is not float32; only fp32 KV (fp32, int8 variants) is supported in C++ yet");
+    const Feed feed = feed_of(io.inputs[i]);
+    if (s.GetInputTypeInfo(i).GetTensorTypeAndShapeInfo().GetElementType() != element_type(feed)) {
+      if (feed == Feed::kPast) fail(DLLM_ERROR_UNSUPPORTED, file + ": the KV cache is not float32; only fp32 KV (fp32, int8 variants) is supported in C++ yet");
       bad("type of " + io.inputs[i]);
     }
-    if (i >= 3) {  // past (batch, Hkv, P, D): the buffers are sized from the manifest's Hkv and D
+    if (feed == Feed::kPast) {  // past (batch, Hkv, P, D): the buffers are sized from the manifest's Hkv and D
       const std::vector<int64_t> shape = s.GetInputTypeInfo(i).GetTensorTypeAndShapeInfo().GetShape();
       if (shape.size() != 4 || differs(shape[1], m.model.num_kv_heads) || differs(shape[3], m.model.head_dim))
         bad("shape of " + io.inputs[i] + " vs model.num_kv_heads / model.head_dim");
@@ -171,6 +208,10 @@ OrtBackend::OrtBackend(const Manifest& m, int intra_op_threads) : impl_(new Impl
   ensure_onnxruntime_api();
   Impl& s = *impl_;
   s.layers = m.model.num_layers, s.hkv = m.model.num_kv_heads, s.d = m.model.head_dim, s.k = m.topk;
+  s.sampling = m.graphs_sample;
+  for (const auto& n : m.prefill.inputs) s.feeds.push_back(feed_of(n));
+  if (m.verify.inputs != m.prefill.inputs)
+    artifact_error(m.folder + ": corrupt manifest (the prefill and verify graphs take different inputs)");
   if (m.schema_version < 2) {  // models/exclusion.py::excluded_ids
     const ModelConfig& c = m.model;
     s.host_excluded.push_back(c.mask_token_id);
@@ -226,6 +267,7 @@ void OrtBackend::reserve(size_t max_tokens, size_t max_past, size_t max_present)
   const size_t T = s.cap_tokens, P = s.cap_past, row = static_cast<size_t>(s.hkv) * s.d;
   s.ids.resize(T);
   s.pos.resize(T);
+  s.sample_u.resize(T);
   s.mask.resize(T * (P + T));
   s.top_i.resize(T * s.k);
   s.top_p.resize(T * s.k);
@@ -239,6 +281,11 @@ int OrtBackend::topk() const { return impl_->k; }
 int64_t* OrtBackend::ids() { return impl_->ids.data(); }
 int64_t* OrtBackend::pos() { return impl_->pos.data(); }
 uint8_t* OrtBackend::mask() { return impl_->mask.data(); }
+bool OrtBackend::samples() const { return impl_->sampling; }
+float* OrtBackend::sample_u() { return impl_->sample_u.data(); }
+void OrtBackend::set_sampling(float temperature, int64_t top_k, float top_p) {
+  impl_->temperature = temperature, impl_->top_k = top_k, impl_->top_p_in = top_p;
+}
 const int64_t* OrtBackend::top_ids() const { return impl_->top_i.data(); }
 const float* OrtBackend::top_probs() const { return impl_->top_p.data(); }
 

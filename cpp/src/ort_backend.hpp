@@ -1,7 +1,8 @@
 // The ONNX Runtime runner: the two graphs of an artifact (DESIGN §3) over preallocated buffers.
 // Port of dllm_deploy/runtime/backends/ort_backend.py for batch 1 on the CPU execution provider.
 //
-// Per call the caller fills ids/pos (T,) and mask (T, P+T) (row-major, P = cache_length()),
+// Per call the caller fills ids/pos (T,) and mask (T, P+T) (row-major, P = cache_length()), and
+// sample_u (T,) when the graphs sample (schema 3; greedy feeds zeros, temperature 0),
 // then runs prefill (which appends the KV of the first `keep` tokens to the cache) or verify
 // (cache unchanged); top_ids/top_probs (T, K) hold the result until the next call.
 // KV per layer: (Hkv, P, D) contiguous, fed in place as past_key_values.{i}.key/.value
@@ -43,6 +44,12 @@ class OrtBackend {
   int64_t* ids();   // (T,)
   int64_t* pos();   // (T,)
   uint8_t* mask();  // (T, P+T) bool
+
+  // Schema 3: the graphs sample. sample_u (T,) holds each fed token's uniform (noise.hpp); the
+  // row's temperature (0: greedy, the top-1), top_k (0: off) and top_p (1: off) hold until changed.
+  bool samples() const;
+  float* sample_u();
+  void set_sampling(float temperature, int64_t top_k, float top_p);
 
   void prefill(size_t tokens, size_t keep);
   void verify(size_t tokens);

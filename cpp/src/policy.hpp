@@ -57,6 +57,7 @@ class Policy {
  public:
   Policy(const DecodeOptions& cfg, int64_t mask_id);
   int width() const { return spec_.width(); }
+  const TreeSpec& spec() const { return spec_; }
 
   // nodes (W,L) <- W drafted states from S = state (L) and f(S) = top_ids/top_probs (L,K).
   void plan(const int64_t* state, const int64_t* top_ids, const float* top_probs, int k, int64_t step,

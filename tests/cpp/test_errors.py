@@ -41,7 +41,7 @@ def bad_artifacts(tiny_artifact, tmp_path_factory):
     out = {"missing": root / "does-not-exist", "no-manifest": root / "empty"}
     out["no-manifest"].mkdir()
     out["corrupt"] = clone("corrupt", text=(good / "manifest.json").read_text()[:300])
-    out["schema"] = clone("schema", edit=lambda m: m.update(schema_version=3))
+    out["schema"] = clone("schema", edit=lambda m: m.update(schema_version=4))
     out["no-graphs"] = clone("no-graphs", edit=lambda m: m.pop("graphs"))
     out["hash"] = clone("hash")
     tampered = out["hash"] / "verify.onnx"
@@ -66,7 +66,7 @@ CASES = {
     "missing artifact": ("missing", [], "no such artifact folder", True),
     "no manifest": ("no-manifest", [], "not an artifact (no manifest.json)", True),
     "corrupt manifest": ("corrupt", [], "manifest.json: corrupt manifest (not JSON at line ", False),
-    "unknown schema": ("schema", [], "unknown schema_version 3", True),
+    "unknown schema": ("schema", [], "unknown schema_version 4", True),
     "manifest without graphs": ("no-graphs", [], "corrupt manifest (no 'graphs')", True),
     "hash mismatch": ("hash", [], "verify.onnx: sha256 mismatch", True),
     "missing file": ("missing-file", [], "weights.bin: missing (listed in the manifest)", True),
@@ -87,7 +87,7 @@ CASES = {
     "negative steps": ("good", ["--steps", "-2"], "--steps must be >= 1, got -2", "option"),
     "max beam width 0": ("good", ["--max-beam-width", "0"], "argument --max-beam-width: must be >= 1", False),
     "file as artifact": ("manifest-file", [], "manifest.json: not a folder (an artifact is the folder", False),
-    "not implemented yet": ("good", ["--temperature", "0.7"], "temperature is not implemented yet", "option"),
+    "top k over the pool": ("good", ["--temperature", "0.7", "--top-k", "65"], "top k 65 is over the 64 tokens", True),
     "unknown flag": ("good", ["--sampling", "0"], "unrecognized argument", False),
 }
 
@@ -95,7 +95,7 @@ CASES = {
 def _python_error(artifact: Path, extra: list[str]) -> UserError:
     """The Python runtime's UserError for the same input (flag values typed by the declaration)."""
     from dllm_deploy import Runtime
-    from dllm_deploy.runtime.api import decode_config
+    from dllm_deploy.runtime.api import decode_config, row_options
     opts = dict(zip(extra[::2], extra[1::2]))
     prompt = opts.pop("--prompt", PROMPT)
     precision = opts.pop("--precision", "fp32")
@@ -108,7 +108,7 @@ def _python_error(artifact: Path, extra: list[str]) -> UserError:
             kw[name] = text
     try:
         rt = Runtime.load(artifact=str(artifact), precision=precision)
-        rt.decoder.generate([prompt], decode_config(**kw))
+        rt.decoder.generate([prompt], decode_config(**kw), [row_options(**kw)])
     except UserError as e:
         return e
     raise AssertionError("the Python runtime accepted it")

@@ -55,7 +55,8 @@ def test_option_table_is_the_declaration(cpp_build):
     assert [r["name"] for r in rows] == [o.name for o in CPP]
     for r, o in zip(rows, CPP):
         assert (r["flag"], r["type"], r["help"]) == (o.flag or "", o.type, o.help)
-        assert r["choices"] == "|".join(o.choices or ()) and r["default"] == ("null" if o.default is None else str(o.default))
+        default = "null" if o.default is None else "" if o.multiple else str(o.default)   # "": a list's (set "" clears)
+        assert r["choices"] == "|".join(o.choices or ()) and r["default"] == default
     assert lib.dllm_option_info(n, b"name") is None and lib.dllm_option_info(0, b"colour") is None
 
 
@@ -81,7 +82,7 @@ def test_bad_value_has_the_code_and_key_of_python(cpp_build):
                 r = run_generate(cpp_build, "--artifact", "unused", "--prompt", "x", o.flag, text)
                 lines = r.stderr.strip().splitlines()
                 assert r.returncode == 2 and len(lines) == 1 and o.flag in lines[0], (o.name, text, r.stderr)
-            default = "null" if o.default is None else str(o.default)
+            default = "null" if o.default is None else "" if o.multiple else str(o.default)
             assert lib.dllm_options_set(opts, o.name.encode(), default.encode()) is None, o.name
         assert _code_and_key(lib, lib.dllm_options_set(opts, b"temprature", b"0")) == ("unknown_option", "temprature")
         assert _code_and_key(lib, lib.dllm_options_set(None, b"seed", b"0"))[0] == "invalid_argument"

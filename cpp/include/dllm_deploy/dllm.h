@@ -35,8 +35,12 @@ extern "C" {
  * 3: decode options by name (dllm_options_*, dllm_option_*, dllm_runtime_generate_options); option
  *    errors carry DLLM_ERROR_UNKNOWN_OPTION / DLLM_ERROR_BAD_OPTION / DLLM_ERROR_UNSUPPORTED and the
  *    option's name (dllm_error_key), so a bad option in dllm_decode_config no longer reports
- *    DLLM_ERROR_INVALID_ARGUMENT. */
-#define DLLM_ABI_VERSION 3
+ *    DLLM_ERROR_INVALID_ARGUMENT.
+ * 4: sampling (temperature, top_k, top_p, seed: implemented; schema-3 artifacts), stop conditions
+ *    (max_tokens, stop: each dllm_options_set(opts, "stop", s) appends, "" clears),
+ *    dllm_result_finish_reason, dllm_result_time_to_first_token_s, streaming (dllm_generate_stream,
+ *    dllm_chunk); the result's JSON gains finish_reason and time_to_first_token_s. */
+#define DLLM_ABI_VERSION 4
 
 /* dllm_decode_config.steps when no LLaDA step count is given (vanilla commits tokens_per_step per
  * step). Any other value below 1 is refused with an error that names `steps`. */
@@ -121,8 +125,9 @@ typedef struct dllm_decode_config {
                               block-causal model, prefix for a bidirectional one) */
 } dllm_decode_config;
 
-/* The options of ABI 2 as a struct. Options declared since (temperature, top_k, top_p, seed) are
- * set by name only (dllm_options_set, below); both paths check values the same way. */
+/* The options of ABI 2 as a struct. Options declared since (temperature, top_k, top_p, seed,
+ * max_tokens, stop) are set by name only (dllm_options_set, below); both paths check values the
+ * same way. */
 DLLM_API void dllm_decode_config_init(dllm_decode_config* cfg);
 
 /* Decodes one prompt (batch 1): NUL-terminated UTF-8; invalid UTF-8 bytes are read as U+FFFD (one
@@ -137,8 +142,15 @@ DLLM_API dllm_error* dllm_runtime_generate(dllm_runtime* rt, const char* prompt,
  *   err = dllm_options_set(o, "beam_width", "8");          NULL, or an option error naming the key
  *   err = dllm_runtime_generate_options(rt, prompt, o, &res);
  * A value is parsed by the option's type (int, float, str, bool: true/false) and checked against
- * its range or choices; "null" unsets a nullable option (steps, draft_tau). An option declared but
- * not implemented yet (temperature, top_k, top_p, seed) accepts its default only. */
+ * its range or choices; "null" unsets a nullable option (steps, draft_tau, max_tokens). An option
+ * declared but not implemented yet accepts its default only.
+ *   Sampling: temperature (0: greedy, the default), top_k (0: off; at most the artifact's sampling
+ *   pool), top_p (1: off), seed (0 .. 2**64-1). The same seed gives the same tokens as Python's
+ *   runtime; temperature > 0 needs an artifact exported with sampling (manifest schema 3).
+ *   Stopping (docs/streaming.md): max_tokens (the row's first N tokens; gen_length, when not set,
+ *   defaults to it; max_tokens > gen_length is DLLM_ERROR_BAD_OPTION at generate), stop (each
+ *   dllm_options_set(opts, "stop", s) appends one stop string, an empty s clears them: the text
+ *   ends before the earliest occurrence of any). */
 
 typedef struct dllm_options dllm_options;
 
@@ -156,18 +168,48 @@ DLLM_API const char* dllm_option_info(size_t index, const char* field);
 DLLM_API dllm_error* dllm_runtime_generate_options(dllm_runtime* rt, const char* prompt, const dllm_options* opts,
                                                    dllm_result** out);
 
+/* ---- streaming ----------------------------------------------------------------------------
+ * dllm_generate_stream decodes like dllm_runtime_generate_options and calls on_chunk on the calling
+ * thread, inside the call, each time text becomes final (docs/streaming.md: after every forward,
+ * the tokens committed left to right; an incomplete UTF-8 character and a possible start of a stop
+ * string are held back). The deltas joined are the result's text, the chunks' token ids its
+ * token_ids. A non-zero return from on_chunk cancels: the call returns DLLM_OK and a result with
+ * what was delivered so far, finish_reason "cancelled"; the runtime stays usable. on_chunk may be
+ * NULL (= dllm_runtime_generate_options). The chunk and its pointers live during the callback only;
+ * on_chunk must not call into the same runtime. */
+
+typedef struct dllm_chunk {
+  uint32_t struct_size;         /* sizeof(dllm_chunk): later versions add fields at the end */
+  int32_t index;                /* the prompt's row in the call: 0 (one prompt per call) */
+  const char* delta;            /* new text, UTF-8, NUL-terminated (delta_size bytes before the NUL) */
+  size_t delta_size;
+  const int64_t* token_ids;     /* new final token ids (token_count; the last chunk may have none) */
+  size_t token_count;
+  int64_t forwards;             /* the row's model calls so far */
+  int64_t tokens;               /* its token ids delivered so far (the chunks' token_ids joined) */
+  const char* finish_reason;    /* NULL, except on the row's last chunk: "eos" | "stop" | "length" */
+  const char* json;             /* the chunk as one JSON object: a line of dllm-generate --stream --json */
+} dllm_chunk;
+
+typedef int (*dllm_chunk_callback)(const dllm_chunk* chunk, void* user_data);
+
+DLLM_API dllm_error* dllm_generate_stream(dllm_runtime* rt, const char* prompt, const dllm_options* opts,
+                                          dllm_chunk_callback on_chunk, void* user_data, dllm_result** out);
+
 /* ---- results ------------------------------------------------------------------------------ */
 
 typedef struct dllm_stats {
   int64_t forwards;             /* model calls, prefill and commits included */
-  int64_t tokens;               /* generated tokens up to and including the first EOS */
+  int64_t tokens;               /* tokens returned (up to and including the first EOS; stop
+                                   conditions cut them) */
   double tpf;                   /* tokens / forwards */
   double wall_s;                /* seconds in the decode loop (tokenization excluded) */
   double tokens_per_s;          /* tokens / wall_s */
   double backend_s;             /* seconds inside ONNX Runtime's Run calls */
   int32_t beam_width_used;      /* W after the caps */
   int32_t beam_width_requested; /* W asked for (1 unless spd) */
-  int32_t finished;             /* 1: stopped at EOS; 0: the token budget ran out */
+  int32_t finished;             /* 1: stopped at EOS or a stop string; 0: the token budget ran out
+                                   (or cancelled): dllm_result_finish_reason says which */
 } dllm_stats;
 
 DLLM_API void dllm_result_destroy(dllm_result* res); /* NULL is a no-op */
@@ -178,6 +220,11 @@ DLLM_API void dllm_result_stats(const dllm_result* res, dllm_stats* out);
 DLLM_API const int64_t* dllm_result_accepted_hist(const dllm_result* res, size_t* count);
 /* Warnings raised by this call ("beam width 8 lowered to 4 ..."), "\n"-separated; "" if none. */
 DLLM_API const char* dllm_result_warnings(const dllm_result* res);
+/* Why the row stopped: "eos" (EOS, every position before it committed), "stop" (a stop string),
+ * "length" (max_tokens or the canvas spent), "cancelled" (a stream callback returned non-zero). */
+DLLM_API const char* dllm_result_finish_reason(const dllm_result* res);
+/* Seconds from the decode's start to the first chunk with token ids; -1 if there was none. */
+DLLM_API double dllm_result_time_to_first_token_s(const dllm_result* res);
 /* The result as one JSON object, the keys of `dllm-deploy generate --json` plus backend_s. */
 DLLM_API const char* dllm_result_json(const dllm_result* res);
 

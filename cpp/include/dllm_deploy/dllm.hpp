@@ -6,12 +6,19 @@
 //   dllm::Options o;  o.set("beam_width", "8");         // or any declared option by name
 //   dllm::Result r2 = rt.generate("upper: air\n", o);
 //   std::cout << r.text() << " " << r.stats().tpf << "\n";
+//   rt.generate_stream("upper: air\n", o, [](const dllm::Chunk& c) {  // on this thread, per chunk
+//     std::cout << c.delta << std::flush;
+//     return true;                                                    // false cancels
+//   });
 #ifndef DLLM_DEPLOY_DLLM_HPP
 #define DLLM_DEPLOY_DLLM_HPP
 
 #include <cstdint>
+#include <exception>
+#include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -110,6 +117,25 @@ class Options {
 
 using Stats = dllm_stats;
 
+// One streamed chunk (dllm_chunk, copied).
+struct Chunk {
+  int index = 0;
+  std::string delta;               // new text
+  std::vector<int64_t> token_ids;  // new final ids
+  int64_t forwards = 0, tokens = 0;
+  std::string finish_reason;       // "" except on the last chunk: "eos" | "stop" | "length"
+  std::string json;                // the chunk as one JSON object
+
+  explicit Chunk(const dllm_chunk& c)
+      : index(c.index), delta(c.delta, c.delta_size), token_ids(c.token_ids, c.token_ids + c.token_count),
+        forwards(c.forwards), tokens(c.tokens), finish_reason(c.finish_reason ? c.finish_reason : ""),
+        json(c.json) {}
+};
+
+// Called with each chunk on the calling thread; return false to cancel the generation. An
+// exception it throws cancels the generation and is rethrown by generate_stream.
+using ChunkCallback = std::function<bool(const Chunk&)>;
+
 class Result {
  public:
   explicit Result(dllm_result* handle) : h_(handle) {}
@@ -134,6 +160,12 @@ class Result {
     return out;
   }
   std::string warnings() const { return dllm_result_warnings(h_.get()); }
+  std::string finish_reason() const { return dllm_result_finish_reason(h_.get()); }  // eos|stop|length|cancelled
+  // seconds to the first chunk with token ids; std::nullopt when there was none
+  std::optional<double> time_to_first_token_s() const {
+    const double s = dllm_result_time_to_first_token_s(h_.get());
+    return s < 0 ? std::nullopt : std::optional<double>(s);
+  }
   std::string json() const { return dllm_result_json(h_.get()); }
   const dllm_result* get() const noexcept { return h_.get(); }
 
@@ -167,6 +199,28 @@ class Runtime {
     dllm_result* r = nullptr;
     detail::check(dllm_runtime_generate_options(h_.get(), prompt.c_str(), options.get(), &r));
     return Result(r);
+  }
+
+  // generate, with on_chunk called as text becomes final (dllm_generate_stream).
+  Result generate_stream(const std::string& prompt, const Options& options, const ChunkCallback& on_chunk) {
+    struct Call {
+      const ChunkCallback& fn;
+      std::exception_ptr error;
+    } call{on_chunk, nullptr};
+    auto trampoline = [](const dllm_chunk* c, void* data) -> int {
+      Call& self = *static_cast<Call*>(data);
+      try {
+        return self.fn(Chunk(*c)) ? 0 : 1;
+      } catch (...) {
+        self.error = std::current_exception();
+        return 1;
+      }
+    };
+    dllm_result* r = nullptr;
+    detail::check(dllm_generate_stream(h_.get(), prompt.c_str(), options.get(), trampoline, &call, &r));
+    Result result(r);
+    if (call.error) std::rethrow_exception(call.error);
+    return result;
   }
 
   int max_seq() const { return dllm_runtime_max_seq(h_.get()); }
