@@ -43,7 +43,7 @@ _FLAG_TYPES = {"int": int, "float": float, "str": str, "bool": _bool_flag}
 _FLAG_OPTIONS = [o for o in OPTIONS.values() if o.runtime and o.flag]    # decode_options.json
 
 
-def _add_decode_flags(p: argparse.ArgumentParser) -> None:
+def _add_decode_flags(p: argparse.ArgumentParser, json_flag: bool = True) -> None:
     src = p.add_mutually_exclusive_group()
     src.add_argument("--model", default=None, help="'tiny' (bundled) or a Hugging Face folder; runs on torch")
     src.add_argument("--artifact", default=None, help="an exported artifact folder; runs on ONNX Runtime")
@@ -51,7 +51,8 @@ def _add_decode_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--profile", default="auto", help="device profile name, or 'auto' (detect)")
     for o in _FLAG_OPTIONS:
         p.add_argument(o.flag, dest=o.name, type=_FLAG_TYPES[o.type], default=None, help=o.help_text(profiles=True))
-    p.add_argument("--json", action="store_true", help="machine-readable output")
+    if json_flag:
+        p.add_argument("--json", action="store_true", help="machine-readable output")
 
 
 def _decode_kwargs(a) -> dict:
@@ -332,6 +333,28 @@ def cmd_build_engines(a) -> int:
     return 0
 
 
+def cmd_serve(a) -> int:
+    from .runtime.api import decode_config
+    from .serving.contract import Limits
+    from .serving.server import check_environment, check_ports, serve
+    for flag, value in (("--max-batch-size", a.max_batch_size), ("--max-queue", a.max_queue),
+                        ("--max-prompt-tokens", a.max_prompt_tokens or 1)):
+        if value < 1:
+            raise UserError(f"{flag} must be >= 1 (got {value})")
+    defaults = {k: v for k, v in _decode_kwargs(a).items() if v is not None}
+    decode_config(**defaults)                     # bad options fail before a model is loaded
+    ports = {"--http-port": a.http_port, "--grpc-port": a.grpc_port, "--metrics-port": a.metrics_port}
+    check_environment()
+    check_ports(a.host, ports)
+    rt = _runtime(a)
+    cfg = rt.decode_config(**defaults)
+    canvas = -(-cfg.gen_length // cfg.block_length) * cfg.block_length
+    limits = Limits(max_prompt_tokens=a.max_prompt_tokens or rt.config.max_seq - canvas, max_tokens=cfg.gen_length,
+                    max_beam_width=rt.decoder.max_beam_width or cfg.beam_width, max_queue=a.max_queue)
+    serve(rt, a.host, ports, limits, defaults, instances=a.max_batch_size)
+    return 0
+
+
 def cmd_demo(a) -> int:
     from .demo import run_demo
     return run_demo(json_out=a.json, out_dir=a.out)
@@ -419,6 +442,18 @@ def build_parser() -> argparse.ArgumentParser:
     be.add_argument("--force", action="store_true", help="rebuild even when the recorded engines are up to date")
     be.add_argument("--json", action="store_true")
     be.set_defaults(func=cmd_build_engines)
+
+    sv = sub.add_parser("serve", help="serve the model with Triton Inference Server (docs/serving.md)")
+    _add_decode_flags(sv, json_flag=False)
+    sv.add_argument("--host", default="127.0.0.1", help="bind address (default loopback; 0.0.0.0 for every interface)")
+    sv.add_argument("--http-port", type=int, default=8000)
+    sv.add_argument("--grpc-port", type=int, default=8001)
+    sv.add_argument("--metrics-port", type=int, default=8002)
+    sv.add_argument("--max-batch-size", type=int, default=8, help="requests decoded together (and dllm's instances)")
+    sv.add_argument("--max-queue", type=int, default=64, help="requests queued or decoding; more are refused")
+    sv.add_argument("--max-prompt-tokens", type=int, default=None,
+                    help="longest prompt (default: the model's max_seq less the generated canvas)")
+    sv.set_defaults(func=cmd_serve)
 
     d = sub.add_parser("demo", help="the main job on the bundled tiny model, printing the figures")
     d.add_argument("--out", default="build/demo", help="where the demo writes its artifact")
