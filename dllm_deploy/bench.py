@@ -4,6 +4,10 @@ Configurations are interleaved (A B C A B C ...) so that ratios hold on a noisy 
 figure is the median over repeats (min and max are kept). Time spent inside backend calls is
 measured per run, so the loop's own overhead is reported as a share of wall time.
 
+Every decode is a stream (``generate`` is the stream collected): ``ChunkClock`` times each
+row's chunks, and every run reports the time to first token and the time between chunks that
+carry tokens (p50 / p99 over every row of every repeat).
+
 Besides the decode runs, the bench measures each backend's **forward cost curve** (time of one
 verification forward against the tokens it carries, W * L) and derives, for every run, the
 tokens/s its measured TPF would give if a forward cost as much as a one-branch forward (the
@@ -21,8 +25,10 @@ import os
 import platform
 import statistics
 import time
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, fields, replace
+from functools import partial
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 
@@ -31,6 +37,7 @@ from .errors import UserError
 from .runtime.tree import DEFAULT_TREE
 
 STRATEGY_NAMES = ("vanilla", "vanilla-cache", "threshold", "spd")
+SAMPLING = {"temperature": 0.7, "top_p": 0.9}    # the sampling runs beside the greedy ones (bench --seeds)
 
 
 class TimedBackend:
@@ -39,6 +46,7 @@ class TimedBackend:
     def __init__(self, inner):
         self.inner, self.seconds, self.calls = inner, 0.0, 0
         self.name, self.topk, self.host_excluded = inner.name, inner.topk, inner.host_excluded
+        self.sample_pool, self.folder = inner.sample_pool, getattr(inner, "folder", inner.name)
 
     def new_cache(self, *a):
         return self.inner.new_cache(*a)
@@ -56,6 +64,39 @@ class TimedBackend:
 
     def verify(self, *a):
         return self._timed(self.inner.verify, *a)
+
+
+class ChunkClock:
+    """Times the chunks of decode calls: each row's time to first token, and the gaps between its
+    chunks that carry token ids (seconds). ``around(decoder)`` is a decoder for run_eval."""
+
+    def __init__(self):
+        self.ttft, self.gaps = [], []
+
+    def around(self, decoder) -> SimpleNamespace:
+        """``decoder`` as run_eval reads it (generate, backend), its calls timed."""
+        return SimpleNamespace(generate=partial(self.generate, decoder), backend=decoder.backend)
+
+    def generate(self, decoder, prompts, dcfg, rows=None):
+        last: dict[int, float] = {}
+
+        def tick(chunk: dict) -> None:
+            if chunk["token_ids"]:
+                now = time.perf_counter()
+                if chunk["index"] in last:
+                    self.gaps.append(now - last[chunk["index"]])
+                last[chunk["index"]] = now
+        results = decoder.generate(prompts, dcfg, rows, on_chunk=tick)
+        self.ttft += [r.time_to_first_token_s for r in results if r.time_to_first_token_s is not None]
+        return results
+
+    def percentiles(self) -> dict:
+        """ttft_ms_p50/p99 and chunk_gap_ms_p50/p99 (None where nothing was measured: the C++ runs)."""
+        out = {}
+        for name, xs in (("ttft", self.ttft), ("chunk_gap", self.gaps)):
+            for q in (50, 99):
+                out[f"{name}_ms_p{q}"] = float(1000 * np.percentile(xs, q)) if xs else None
+        return out
 
 
 def cpp_binary() -> Path:
@@ -105,6 +146,8 @@ class Config:
     base: str = "vanilla"
     cache: str = "auto"           # vanilla baseline: none (LLaDA recomputes everything)
     tree: str = DEFAULT_TREE
+    temperature: float = 0.0      # > 0: a sampling run (SAMPLING's top-p, this seed)
+    seed: int = 0
 
     @property
     def label(self) -> str:
@@ -118,16 +161,27 @@ class Config:
             extra = f" tau{self.threshold}"
         else:
             extra = " no-cache" if self.cache == "none" else ""
+        if self.temperature > 0:
+            extra += f" T{self.temperature} p{SAMPLING['top_p']} seed{self.seed}"
         return f"{self.backend}:{self.strategy}{extra}"
+
+    @property
+    def row(self):
+        """The RowOptions of a sampling run (None: greedy)."""
+        from .runtime.rows import RowOptions
+        return RowOptions(temperature=self.temperature, top_p=SAMPLING["top_p"], seed=self.seed) if self.temperature else None
 
     def decode_kwargs(self, gen_length: int) -> dict:
         kw = {"strategy": self.strategy, "threshold": self.threshold, "gen_length": gen_length, "cache": self.cache}
         if self.strategy == "spd":
             kw.update(beam_width=self.beam_width, select=self.select, base=self.base, tree=self.tree)
+        if self.temperature > 0:
+            kw.update(temperature=self.temperature, top_p=SAMPLING["top_p"], seed=self.seed)
         return kw
 
 
-def configurations(backends, strategies, beam_widths, thresholds, tree: str = DEFAULT_TREE) -> list[Config]:
+def configurations(backends, strategies, beam_widths, thresholds, tree: str = DEFAULT_TREE, seeds=()) -> list[Config]:
+    """Every greedy configuration, then (``seeds``) each cached one again sampling with each seed."""
     out = []
     for be in backends:
         for s in strategies:
@@ -146,7 +200,7 @@ def configurations(backends, strategies, beam_widths, thresholds, tree: str = DE
                     out += [Config(be, "spd", beam_width=w, select="threshold", threshold=t, tree=tree) for t in thresholds]
             else:
                 raise UserError(f"unknown strategy {s!r} (expected some of {', '.join(STRATEGY_NAMES)})")
-    return out
+    return out + [replace(c, temperature=SAMPLING["temperature"], seed=s) for s in seeds for c in out if c.cache != "none"]
 
 
 def machine_facts() -> dict:
@@ -230,7 +284,7 @@ def _peak_memory(artifact: str, widths, block_length: int, prefix: int) -> dict[
 def run_bench(artifact: str, backends=("torch", "ort"), strategies=("vanilla", "threshold", "spd"),
               beam_widths=(1, 2, 4, 8), thresholds=(0.9,), families=None, n: int = 5, repeats: int = 3,
               gen_length: int = 256, tree: str = DEFAULT_TREE, batch_size: int = 1, cost_repeats: int = 5,
-              memory: bool = False, device: str = "cpu", progress=None) -> dict:
+              memory: bool = False, device: str = "cpu", progress=None, seeds=()) -> dict:
     from .evals import tasks
     from .evals.harness import run_eval
     from .profiles.memory import estimate_bytes
@@ -256,7 +310,7 @@ def run_bench(artifact: str, backends=("torch", "ort"), strategies=("vanilla", "
             runtimes[be] = cpp_binary()
         else:
             raise UserError(f"unknown backend {be!r} (expected some of torch, ort, cpp)")
-    configs = configurations(backends, strategies, beam_widths, thresholds, tree)
+    configs = configurations(backends, strategies, beam_widths, thresholds, tree, seeds)
     if not configs:
         raise UserError("nothing to measure: no strategy selected")
     cap = ort_rt.decoder.max_beam_width
@@ -278,6 +332,7 @@ def run_bench(artifact: str, backends=("torch", "ort"), strategies=("vanilla", "
     examples = tasks.eval_split(families=families, n=n)
 
     samples: dict[Config, list[dict]] = {c: [] for c in configs}
+    clocks = {c: ChunkClock() for c in configs}
     used_w: dict[Config, int] = {}
     for _, c in itertools.product(range(repeats), configs):
         used_w[c] = min(c.beam_width, cap) if c.strategy == "spd" else 1
@@ -294,7 +349,8 @@ def run_bench(artifact: str, backends=("torch", "ort"), strategies=("vanilla", "
         timed = TimedBackend(rt.backend)
         dec = Decoder(timed, rt.tokenizer, rt.config, max_beam_width=rt.decoder.max_beam_width)
         t0 = time.perf_counter()
-        res = run_eval(dec, decode_config(**c.decode_kwargs(gen_length)), families=families, n=n, batch_size=batch_size)
+        res = run_eval(clocks[c].around(dec), decode_config(**c.decode_kwargs(gen_length)), families=families, n=n,
+                       batch_size=batch_size, row=c.row)
         wall = time.perf_counter() - t0
         o = res["overall"]
         samples[c].append({"accuracy": o["accuracy"], "tpf": o["tpf"], "forwards": o["forwards"], "tokens": o["tokens"],
@@ -313,7 +369,7 @@ def run_bench(artifact: str, backends=("torch", "ort"), strategies=("vanilla", "
         # modelled: every forward costs a one-branch forward (no-cache forwards carry the whole sequence)
         modelled = None if c.cache == "none" else med["tokens"] / (med["forwards"] * one / 1000)
         est = estimate_bytes(cfg.to_dict(), "fp32", batch_size, w, L, cfg.max_seq)
-        runs.append({"label": c.label, **asdict(c), "beam_width_used": w, **med,
+        runs.append({"label": c.label, **asdict(c), "beam_width_used": w, **med, **clocks[c].percentiles(),
                      "tokens_per_s_min": min(s["tokens_per_s"] for s in ss),
                      "tokens_per_s_max": max(s["tokens_per_s"] for s in ss), "repeats": len(ss),
                      "modelled_tokens_per_s_memory_bound": modelled,
@@ -341,7 +397,7 @@ def ratios(runs: list[dict]) -> dict:
 
 
 def _best(runs, **match):
-    rows = [r for r in runs if all(r.get(k) == v for k, v in match.items())]
+    rows = [r for r in runs if all(r.get(k) == v for k, v in match.items()) and not r.get("temperature")]
     return max(rows, key=lambda r: r["tokens_per_s"]) if rows else None
 
 
@@ -394,7 +450,7 @@ def tune(res: dict, backend: str = "ort", quality_budget: float = 0.0) -> dict:
     """The (beam_width, threshold, mode) with the best measured tokens/s on ``backend`` whose
     accuracy is within ``quality_budget`` of the threshold baseline's; never slower than that
     baseline (if nothing beats it, the baseline itself is the pick)."""
-    runs = [r for r in res["runs"] if r["backend"] == backend]
+    runs = [r for r in res["runs"] if r["backend"] == backend and not r.get("temperature")]   # greedy runs only
     base = _best(runs, strategy="threshold")
     if base is None:
         raise UserError("--tune needs the threshold baseline in the run (--strategies threshold,spd)")
@@ -408,7 +464,7 @@ def tune(res: dict, backend: str = "ort", quality_budget: float = 0.0) -> dict:
 def overlay_profile(tuned: dict, base_profile, bench_json: str | None) -> dict:
     """A user profile that extends ``base_profile`` with the tuned decode defaults."""
     p = tuned["pick"]
-    picked = {**Config(**{f.name: p[f.name] for f in fields(Config)}).decode_kwargs(0), "beam_width": int(p["beam_width_used"])}
+    picked = {**Config(**{f.name: p[f.name] for f in fields(Config) if f.name in p}).decode_kwargs(0), "beam_width": int(p["beam_width_used"])}
     decode = {**base_profile.decode, **{k: picked[k] for k in PROFILE_DEFAULT_KEYS if k in picked}}
     return {"name": f"{base_profile.name}-tuned", "description": f"{base_profile.name} with decode defaults from bench --tune",
             "priority": base_profile.priority + 1, "match": dict(base_profile.match), "backends": list(base_profile.backends),

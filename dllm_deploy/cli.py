@@ -50,7 +50,8 @@ def _add_decode_flags(p: argparse.ArgumentParser, json_flag: bool = True) -> Non
     p.add_argument("--precision", default=None, help="artifact precision variant (fp32, fp16, int8, int4; default fp32)")
     p.add_argument("--profile", default="auto", help="device profile name, or 'auto' (detect)")
     for o in _FLAG_OPTIONS:
-        p.add_argument(o.flag, dest=o.name, type=_FLAG_TYPES[o.type], default=None, help=o.help_text(profiles=True))
+        p.add_argument(o.flag, dest=o.name, type=_FLAG_TYPES[o.type], default=None, help=o.help_text(profiles=True),
+                       action="append" if o.multiple else "store")
     if json_flag:
         p.add_argument("--json", action="store_true", help="machine-readable output")
 
@@ -66,29 +67,43 @@ def _runtime(a):
     return Runtime.load(model=a.model or "tiny")
 
 
+def _print_chunk(as_json: bool):
+    """--stream: each chunk as it comes (a JSON line, or its text), flushed."""
+    def show(chunk: dict) -> None:
+        sys.stdout.write(json.dumps(chunk) + "\n" if as_json else chunk["delta"])
+        sys.stdout.flush()
+    return show
+
+
 def cmd_generate(a) -> int:
     from .prompts import decode_escapes
-    from .runtime.api import decode_config
+    from .runtime.api import decode_config, row_options
     prompts = [decode_escapes(p) if a.escapes else p for p in a.prompt]
+    if a.stop and a.escapes:
+        a.stop = [decode_escapes(s) for s in a.stop]
     decode_config(**_decode_kwargs(a))            # bad options fail before a model is loaded
+    if a.stream and not a.json and len(prompts) > 1:
+        raise UserError("--stream prints one prompt's text as it comes: give one --prompt, or add --json "
+                        "(each chunk line names its row)")
     rt = _runtime(a)
     dcfg = rt.decode_config(**_decode_kwargs(a))
-    results = rt.decoder.generate(prompts, dcfg)
+    results = rt.decoder.generate(prompts, dcfg, [row_options(**_decode_kwargs(a))] * len(prompts),
+                                  on_chunk=_print_chunk(a.json) if a.stream else None)
     if a.json:
         payload = results[0].to_dict() if len(results) == 1 else {"results": [r.to_dict() for r in results]}
         print(json.dumps(payload))
     else:
         for r in results:
-            print(r.text)
+            print("" if a.stream else r.text)
             print(f"[{r.tokens} tokens, {r.forwards} forwards, TPF {r.tpf:.2f}, {r.tokens_per_s:.1f} tok/s, "
-                  f"beam_width {r.beam_width_used}, backend {rt.backend.name}]", file=sys.stderr)
+                  f"beam_width {r.beam_width_used}, backend {rt.backend.name}, {r.finish_reason}]", file=sys.stderr)
     return 0
 
 
 def cmd_eval(a) -> int:
     from .evals import tasks
     from .evals.harness import run_eval
-    from .runtime.api import decode_config
+    from .runtime.api import decode_config, row_options
     dcfg = decode_config(**_decode_kwargs(a))
     wanted = tuple(a.tasks.split(",")) if a.tasks else tasks.FAMILIES + tasks.OPEN_FAMILIES
     bad = [f for f in wanted if f not in tasks.FAMILIES + tasks.OPEN_FAMILIES]
@@ -100,7 +115,8 @@ def cmd_eval(a) -> int:
     rt = _runtime(a)
     dcfg = rt.decode_config(**_decode_kwargs(a))
     bar = _progress(len(families) * a.n, f"eval {dcfg.strategy}", not a.json and sys.stderr.isatty())
-    res = run_eval(rt.decoder, dcfg, families=families, n=a.n, batch_size=a.batch_size, progress=bar)
+    res = run_eval(rt.decoder, dcfg, families=families, n=a.n, batch_size=a.batch_size, progress=bar,
+                   row=row_options(**_decode_kwargs(a)))
     if "text" in wanted:
         from .evals.harness import masked_nll
         res["open_text"] = masked_nll(rt.backend, rt.tokenizer, rt.config, n=a.n)
@@ -123,7 +139,7 @@ def cmd_export(a) -> int:
     log = (lambda msg: None) if a.json else (lambda msg: print(msg, file=sys.stderr))
     res = export(model=a.model, out=a.out, precisions=[p.strip() for p in a.precision.split(",") if p.strip()],
                  block_length=a.block_length, max_beam_width=a.max_beam_width, opset=a.opset, force=a.force, log=log,
-                 int4_block_size=a.int4_block_size, int4_symmetric=a.int4_symmetric)
+                 int4_block_size=a.int4_block_size, int4_symmetric=a.int4_symmetric, sample_pool=a.sample_pool)
     if a.json:
         print(json.dumps(res))
     else:
@@ -157,11 +173,12 @@ def cmd_bench(a) -> int:
         raise UserError("--n and --repeats must be >= 1")
     if a.tune and a.tune_out:
         _check_overlay_target(Path(a.tune_out))     # before the run, not after minutes of measuring
-    total = len(configurations(backends, strategies, widths, taus, a.tree)) * a.repeats + len(backends)
+    seeds = _csv(a.seeds, int) if a.seeds else []
+    total = len(configurations(backends, strategies, widths, taus, a.tree, seeds)) * a.repeats + len(backends)
     bar = _progress(total, "bench", sys.stderr.isatty() and not a.quiet)
     res = run_bench(a.artifact, backends, strategies, widths, taus, families, n=a.n, repeats=a.repeats,
                     gen_length=a.gen_length, tree=a.tree, batch_size=a.batch_size, memory=a.memory,
-                    cost_repeats=3 if a.quick else 5, device=a.device, progress=bar)
+                    cost_repeats=3 if a.quick else 5, device=a.device, progress=bar, seeds=seeds)
     if a.tune:
         from .profiles import get_profile
         t = tune(res, backend="ort" if "ort" in backends else backends[0], quality_budget=a.quality_budget)
@@ -181,10 +198,13 @@ def cmd_bench(a) -> int:
             print(f"plot {p}", file=sys.stderr)
     if a.quiet:
         return 0
-    print(f"{'configuration':<44}{'acc':>6}{'TPF':>7}{'tok/s':>9}{'ms/fwd':>8}{'overhead':>9}{'W':>3}{'est MB':>8}")
+    print(f"{'configuration':<44}{'acc':>6}{'TPF':>7}{'tok/s':>9}{'ms/fwd':>8}{'overhead':>9}{'W':>3}{'est MB':>8}"
+          f"{'TTFT ms':>9}{'gap p99':>9}")
+    ms = lambda v: "n/a" if v is None else f"{v:.1f}"   # noqa: E731 -- the C++ runs stream nothing to time
     for r in res["runs"]:
         print(f"{r['label']:<44}{r['accuracy']:>6.2f}{r['tpf']:>7.2f}{r['tokens_per_s']:>9.1f}"
-              f"{r['time_per_forward_ms']:>8.1f}{r['loop_overhead']:>9.1%}{r['beam_width_used']:>3}{r['memory_estimate_mb']:>8.0f}")
+              f"{r['time_per_forward_ms']:>8.1f}{r['loop_overhead']:>9.1%}{r['beam_width_used']:>3}{r['memory_estimate_mb']:>8.0f}"
+              f"{ms(r['ttft_ms_p50']):>9}{ms(r['chunk_gap_ms_p99']):>9}")
     for be, rows in res["forward_cost"].items():
         print(f"forward cost {be}: " + ", ".join(f"W{r['beam_width']} {r['ms']:.1f} ms" for r in rows))
     for k, v in res["ratios"].items():
@@ -368,7 +388,11 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--prompt", action="append", required=True,
                    help="prompt text (repeat for a batch); bytes that are not UTF-8 become U+FFFD")
     g.add_argument("--escapes", action="store_true",
-                   help="interpret \\n \\t \\r \\0 \\\\ \\\" \\' \\xHH \\uHHHH \\UHHHHHHHH in prompts (others are refused)")
+                   help="interpret \\n \\t \\r \\0 \\\\ \\\" \\' \\xHH \\uHHHH \\UHHHHHHHH in prompts and stop strings "
+                        "(others are refused)")
+    g.add_argument("--stream", action="store_true",
+                   help="print text as it becomes final (--json: one JSON object per chunk, then the result; "
+                        "docs/streaming.md)")
     _add_decode_flags(g)
     g.set_defaults(func=cmd_generate)
 
@@ -390,6 +414,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="int4: a zero point per block (default symmetric: scales only)")
     x.add_argument("--block-length", type=int, default=None, help="block length L (default: the model's)")
     x.add_argument("--max-beam-width", type=int, default=8, help="largest W the artifact is checked for")
+    x.add_argument("--sample-pool", type=int, default=None,
+                   help="sampling: the N most probable tokens the graphs sample from (default min(vocabulary, 64))")
     x.add_argument("--opset", type=int, default=17)
     x.add_argument("--force", action="store_true",
                    help="replace an existing artifact written by dllm-deploy export (atomically: the old one stays "
@@ -410,6 +436,7 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--gen-length", type=int, default=256, help="token budget per prompt")
     b.add_argument("--tree", default=DEFAULT_TREE, help=f"spd tree preset ({' | '.join(PRESETS)})")
     b.add_argument("--device", default="cpu", help="device of the torch backend (cpu, cuda)")
+    b.add_argument("--seeds", default=None, help="also sample (temperature 0.7, top-p 0.9) with each of these seeds, e.g. 1,2,3")
     b.add_argument("--batch-size", type=int, default=1, help="prompts decoded together (1: per-request latency)")
     b.add_argument("--memory", action="store_true", help="also measure ORT peak memory per beam width (subprocesses)")
     b.add_argument("--quick", action="store_true", help="2 tasks x 1 prompt, 2 repeats, W=4, gen length 64: a smoke run")

@@ -29,6 +29,7 @@ class Option:
     flag: str | None = None
     label: str | None = None
     nullable: bool = False
+    multiple: bool = False          # a list of values of ``type`` (a repeatable flag); default ()
     min: float | None = None
     max: float | None = None
     min_exclusive: bool = False
@@ -47,7 +48,7 @@ class Option:
     def help_text(self, profiles: bool = False) -> str:
         """The help, with the default unless the help speaks of it (dllm-generate prints the same;
         ``profiles``: a runtime with device profiles, whose decode defaults come first)."""
-        if self.default is None or "default" in self.help:
+        if self.default in (None, ()) or "default" in self.help:
             return self.help
         default = self.default if self.type == "str" else _num(self.default)
         where = "the profile's, else " if profiles and self.profile == "default" else ""
@@ -60,7 +61,8 @@ class Option:
 
 def _load() -> dict[str, Option]:
     raw = json.loads(DECLARATION.read_text(encoding="utf-8"))["options"]
-    return {o["name"]: Option(**{**o, "choices": tuple(o["choices"]) if "choices" in o else None}) for o in raw}
+    return {o["name"]: Option(**{**o, "choices": tuple(o["choices"]) if "choices" in o else None,
+                                 "default": tuple(o["default"]) if o.get("multiple") else o["default"]}) for o in raw}
 
 
 OPTIONS: dict[str, Option] = _load()
@@ -94,6 +96,11 @@ def _in_range(o: Option, v) -> bool:
 
 def _bad_value(o: Option, v) -> str | None:
     """The declared type, choices and range of ``o`` against ``v`` (not None)."""
+    if o.multiple:      # a list (a single value stands for a list of one): each value non-empty
+        items = [v] if isinstance(v, str) else v
+        if not isinstance(items, (list, tuple)) or not all(isinstance(x, o.pytype) and x != "" for x in items):
+            return f"{o.called}s must be non-empty {'strings' if o.type == 'str' else o.type + 's'}, got {v!r}"
+        return None
     if o.choices is not None:
         ok = isinstance(v, str) and v in o.choices
         return None if ok else f"unknown {o.called} {v!r} (expected one of {', '.join(o.choices)})"

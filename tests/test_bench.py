@@ -36,6 +36,8 @@ def test_bench_json_structure(bench_run):
         assert r["beam_width_used"] == (r["beam_width"] if r["strategy"] == "spd" else 1)
         assert r["memory_estimate_mb"] > 0
         assert (r["modelled_tokens_per_s_memory_bound"] is None) == (r["cache"] == "none")
+        # streamed: time to first token and between chunks (every decode is a stream)
+        assert 0 < r["ttft_ms_p50"] <= r["ttft_ms_p99"] and 0 < r["chunk_gap_ms_p50"] <= r["chunk_gap_ms_p99"]
     by = {r["label"]: r for r in d["runs"]}
     # the same strategy on both backends decodes the same number of tokens
     assert by["ort:spd W4 lossless/vanilla"]["tokens"] == by["torch:spd W4 lossless/vanilla"]["tokens"]
@@ -136,3 +138,16 @@ def test_forward_cost_keeps_a_prefix_at_the_widest_tree(tiny_artifact):
     assert prefix == 128 and bench.cost_prefix(512, 32, 1024) == 480
     (row,) = bench.forward_cost(rt.backend, cfg, [16], cfg.block_size, prefix, repeats=1)
     assert row["prefix"] == 128 and row["tokens"] == 16 * 32 and row["ms"] > 0
+
+
+def test_sampling_runs_beside_greedy_ones(tiny_artifact):
+    configs = bench.configurations(["ort"], ["vanilla", "threshold"], [4], [0.9], seeds=[1, 2])
+    assert [c.label for c in configs] == ["ort:vanilla no-cache", "ort:threshold tau0.9",
+                                          "ort:threshold tau0.9 T0.7 p0.9 seed1", "ort:threshold tau0.9 T0.7 p0.9 seed2"]
+    assert configs[0].row is None and (configs[2].row.temperature, configs[2].row.top_p, configs[2].row.seed) == (0.7, 0.9, 1)
+    res = bench.run_bench(str(tiny_artifact[0]), backends=["ort"], strategies=["threshold"], beam_widths=[1],
+                          families=["upper"], n=1, repeats=1, gen_length=32, cost_repeats=1, seeds=[1])
+    greedy, sampled = res["runs"]
+    assert sampled["temperature"] == 0.7 and sampled["seed"] == 1 and greedy["temperature"] == 0
+    assert sampled["tokens"] > 0 and sampled["ttft_ms_p50"] > 0
+    assert all(t["measured"] is None or "T0.7" not in t["note"] for t in res["targets"])   # targets: greedy runs

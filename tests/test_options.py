@@ -52,19 +52,29 @@ def test_rules_by_type_range_choice_and_null():
     assert _bad_value(flag, True) is None and "true or false" in _bad_value(flag, 1)
 
 
-def test_not_implemented_options_take_their_default_only():
+def test_sampling_options_are_row_options():
+    """temperature, top_k, top_p, seed: implemented, checked against the declaration, and the
+    rows' options (RowOptions), not the batch's DecodeConfig."""
+    from dllm_deploy.runtime.api import ROW_KEYWORDS, row_options
     for name, default, other in [("temperature", 0, 0.7), ("top_k", 0, 5), ("top_p", 1, 0.9), ("seed", 0, 3)]:
         o = OPTIONS[name]
-        assert not o.implemented and o.cpp and o.default == default
-        assert option_error(name, default) is None and option_error(name, o.pytype(default)) is None
-        err = option_error(name, other)
-        assert err.code == "unsupported" and err.key == name and "not implemented yet" in str(err)
-    assert option_error("temperature", -1).code == "bad_option"      # the range comes first
-    assert option_error("top_p", 0).code == "bad_option"
+        assert o.implemented and o.cpp and o.default == default and name in ROW_KEYWORDS
+        assert option_error(name, other) is None and option_error(name, default) is None
+    assert option_error("temperature", -1).code == "bad_option" and option_error("top_p", 0).code == "bad_option"
+    assert option_error("seed", 2**64 - 1) is None and option_error("seed", 2**64).code == "bad_option"
+    assert "seed" not in {f.name for f in dataclasses.fields(decode_config(seed=3, temperature=0.5))}
+    row = row_options(seed=3, temperature=0.5, top_k=None, beam_width=4)
+    assert (row.seed, row.temperature, row.top_k, row.top_p) == (3, 0.5, 0, 1.0)
+
+
+def test_a_declared_option_not_implemented_takes_its_default_only(monkeypatch):
+    monkeypatch.setitem(OPTIONS, "seed", dataclasses.replace(OPTIONS["seed"], implemented=False))
+    assert option_error("seed", 0) is None
+    err = option_error("seed", 3)
+    assert err.code == "unsupported" and err.key == "seed" and "not implemented yet" in str(err)
     with pytest.raises(OptionError) as e:
         decode_config(seed=3)
     assert (e.value.code, e.value.key, e.value.flag) == ("unsupported", "seed", "--seed")
-    assert "seed" not in {f.name for f in dataclasses.fields(decode_config(seed=0, temperature=0.0))}
 
 
 def test_unknown_option_has_its_code_and_key():
@@ -74,7 +84,9 @@ def test_unknown_option_has_its_code_and_key():
 
 
 def test_decode_config_is_the_declaration():
-    declared = [n for n in RUNTIME_OPTIONS if OPTIONS[n].implemented]
+    from dllm_deploy.runtime.api import ROW_KEYWORDS      # per-row options: RowOptions, not DecodeConfig
+    assert {"max_tokens", "stop"} <= set(ROW_KEYWORDS)
+    declared = [n for n in RUNTIME_OPTIONS if OPTIONS[n].implemented and n not in ROW_KEYWORDS]
     fields = [f for f in dataclasses.fields(DecodeConfig) if f.name != "schedule"]   # schedule: a structure
     assert [f.name for f in fields] == declared
     for f in fields:

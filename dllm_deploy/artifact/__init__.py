@@ -11,11 +11,14 @@ from pathlib import Path
 
 from ..errors import UserError, file_error, read_text
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 # 1: the graphs may emit the mask token (the runtime excludes it on the host, with a warning);
-# 2: the graphs exclude the mask token and a pad token distinct from EOS (special_ids.excluded)
-READABLE = (1, 2)
+# 2: the graphs exclude the mask token and a pad token distinct from EOS (special_ids.excluded);
+# 3: the graphs sample (inputs sample_u, temperature, top_k, top_p; "sampling": {"pool", "noise"})
+READABLE = (1, 2, 3)
 MANIFEST = "manifest.json"
+SAMPLING_INPUTS = ("sample_u", "temperature", "top_k", "top_p")   # schema 3: the graphs' last inputs
+SAMPLING_NOISE = "philox4x64-10/v1"   # the noise the sampling inputs come from (runtime/noise.py)
 
 
 def sha256(path: Path) -> str:
@@ -56,6 +59,10 @@ def _check_shape(m: dict, path: Path) -> None:
     for key in ("topk", "max_beam_width", "block_length"):
         if key in m and (not isinstance(m[key], int) or isinstance(m[key], bool) or m[key] < 1):
             raise UserError(f"{path}: corrupt manifest ({key!r} is not a positive integer)")
+    if "sampling" in m:
+        pool = m["sampling"].get("pool") if isinstance(m["sampling"], dict) else None
+        if not isinstance(pool, int) or isinstance(pool, bool) or pool < 1:
+            raise UserError(f"{path}: corrupt manifest ('sampling' has no positive integer 'pool')")
     for graph, spec in m["graphs"].items():
         if not (isinstance(spec, dict) and all(isinstance(spec.get(k), list) and all(isinstance(x, str) for x in spec[k])
                                                for k in ("inputs", "outputs"))):
@@ -112,6 +119,11 @@ def read_manifest(folder: str | Path, verify: bool = True, precision: str | None
             if actual != digest:
                 raise UserError(f"{f}: sha256 mismatch (the file changed after export)")
     return m
+
+
+def sample_pool(manifest: dict) -> int | None:
+    """The pool the artifact's graphs sample from; None: an artifact exported without sampling."""
+    return manifest["sampling"]["pool"] if "sampling" in manifest else None
 
 
 def graphs_exclude(manifest: dict) -> bool:

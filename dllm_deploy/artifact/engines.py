@@ -63,6 +63,9 @@ def engine_shapes(manifest: dict, decode: dict) -> dict[str, dict[str, Shapes]]:
         for i in range(int(m["num_layers"])):
             for kind in ("key", "value"):
                 shapes[f"past_key_values.{i}.{kind}"] = Shapes((1, hkv, 0, d), (batch, hkv, p_opt, d), (batch, hkv, p_max, d))
+        if "sample_u" in manifest["graphs"][graph]["inputs"]:     # schema 3: the sampling inputs
+            shapes["sample_u"] = Shapes((1, t_min), (batch, t_opt), (batch, t_max))
+            shapes.update({n: Shapes((1,), (batch,), (batch,)) for n in ("temperature", "top_k", "top_p")})
         out[graph] = shapes
     return out
 

@@ -13,7 +13,8 @@ from . import tasks
 
 
 def run_eval(decoder, dcfg, families=tasks.FAMILIES, n: int = tasks.EVAL_PER_FAMILY, batch_size: int = 8,
-             progress=None) -> dict:
+             progress=None, row=None) -> dict:
+    """``row``: the RowOptions (sampling) of every prompt (None: greedy)."""
     examples = tasks.eval_split(families=tuple(families), n=n)
     per: dict[str, dict] = {f: {"correct": 0, "n": 0, "forwards": 0, "tokens": 0, "wall_s": 0.0, "hist": {}}
                             for f in families}
@@ -22,7 +23,7 @@ def run_eval(decoder, dcfg, families=tasks.FAMILIES, n: int = tasks.EVAL_PER_FAM
     for i in range(0, len(examples), batch_size):
         chunk = examples[i:i + batch_size]
         t1 = time.perf_counter()
-        results = decoder.generate([e.prompt for e in chunk], dcfg)
+        results = decoder.generate([e.prompt for e in chunk], dcfg, None if row is None else [row] * len(chunk))
         dt = time.perf_counter() - t1
         for e, r in zip(chunk, results):
             s = per[e.family]

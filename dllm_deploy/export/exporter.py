@@ -26,10 +26,11 @@ from pathlib import Path
 import numpy as np
 
 from .. import __version__
-from ..artifact import MANIFEST, write_manifest
+from ..artifact import MANIFEST, SAMPLING_NOISE, write_manifest
 from ..artifact.fsio import clean_stale, lock_target, remove_temp_dir, replace_dir, temp_dir
 from ..errors import UserError
 from ..models.exclusion import excluded_ids
+from ..models.sampling import default_pool
 from .graphs import PrefillGraph, VerifyGraph, dynamic_axes, io_names
 
 PRECISIONS = ("fp32", "fp16", "int8", "int4")
@@ -113,13 +114,16 @@ def share_weights(models: dict, folder: Path, weights_name: str, min_bytes: int 
 
 
 def _dummy(cfg, b: int, t: int, p: int, dtype, seed: int = 0):
+    """Inputs of one call: ids, pos, mask, then the past and the sampling inputs (greedy: parity
+    compares the top-K; tests/runtime/test_sampling.py compares sampled choices) in one list."""
     import torch
     g = torch.Generator().manual_seed(seed)
     ids = torch.randint(0, cfg.vocab_size, (b, t), generator=g)
     pos = torch.arange(p, p + t).repeat(b, 1)
     mask = torch.ones(b, 1, t, p + t, dtype=torch.bool)
     past = [torch.randn(b, cfg.num_kv_heads, p, cfg.head_dim, generator=g).to(dtype) for _ in range(2 * cfg.num_layers)]
-    return ids, pos, mask, past
+    sampling = [torch.rand(b, t, generator=g), torch.zeros(b), torch.zeros(b, dtype=torch.int64), torch.ones(b)]
+    return ids, pos, mask, past + sampling
 
 
 def _max_diff(a: np.ndarray, b: np.ndarray) -> float:
@@ -130,7 +134,8 @@ def _max_diff(a: np.ndarray, b: np.ndarray) -> float:
     return float(np.where(a == b, 0.0, diff).max())
 
 
-def parity(folder: Path, files: dict, module, cfg, shapes, dtype, providers=("CPUExecutionProvider",)) -> dict:
+def parity(folder: Path, files: dict, module, cfg, shapes, dtype, pool: int,
+           providers=("CPUExecutionProvider",)) -> dict:
     """Run both graphs in ONNX Runtime and in torch on the same inputs; report max abs diffs.
     One session is alive at a time, so a big model's check holds one ONNX Runtime copy of the
     weights beside torch's."""
@@ -143,13 +148,13 @@ def parity(folder: Path, files: dict, module, cfg, shapes, dtype, providers=("CP
     ids_equal = True
     for g, wrap in (("prefill", PrefillGraph), ("verify", VerifyGraph)):
         sess = ort.InferenceSession(str(folder / files[g]), so, providers=list(providers))
-        graph = wrap(module, TOPK)
+        graph = wrap(module, TOPK, pool)
         for i, (b, t, p) in enumerate(shapes):
-            ids, pos, mask, past = _dummy(cfg, b, t, p, dtype, seed=i)
+            ids, pos, mask, rest = _dummy(cfg, b, t, p, dtype, seed=i)
             feeds = {"input_ids": ids.numpy(), "position_ids": pos.numpy(), "attention_mask": mask.numpy()}
-            feeds.update({n: x.numpy() for n, x in zip(names["prefill"]["inputs"][3:], past)})
+            feeds.update({n: x.numpy() for n, x in zip(names["prefill"]["inputs"][3:], rest)})
             with torch.no_grad():
-                ref = graph(ids, pos, mask, *past)
+                ref = graph(ids, pos, mask, *rest)
             got = sess.run(None, feeds)
             if g == "prefill":
                 worst["prefill_logits"] = max(worst["prefill_logits"], _max_diff(got[0], ref[0].float().numpy()))
@@ -165,10 +170,11 @@ def parity(folder: Path, files: dict, module, cfg, shapes, dtype, providers=("CP
 
 def export(model: str = "tiny", out: str | Path = "artifact", precisions=("fp32",), block_length: int | None = None,
            max_beam_width: int = 8, opset: int = DEFAULT_OPSET, force: bool = False, log=print,
-           int4_block_size: int = 32, int4_symmetric: bool = True) -> dict:
+           int4_block_size: int = 32, int4_symmetric: bool = True, sample_pool: int | None = None) -> dict:
     """Export ``model`` (``tiny`` or a Hugging Face folder) into the artifact folder ``out``.
     ``int4_block_size`` / ``int4_symmetric``: the int4 variant's quantization (MatMulNBits blocks
-    along each weight's input dimension; symmetric = no zero points)."""
+    along each weight's input dimension; symmetric = no zero points). ``sample_pool``: the P most
+    probable tokens the graphs sample from (default min(vocabulary, 64))."""
     from ..models.loading import load_model, resolve_model_dir
     from ..models.tokenizer import load_tokenizer
 
@@ -196,6 +202,7 @@ def export(model: str = "tiny", out: str | Path = "artifact", precisions=("fp32"
         check_target(out, src, force)       # again: another process may have written it meanwhile
         clean_stale(out)
         module, cfg = load_model(src, attention="eager")
+        pool = _sample_pool(sample_pool, cfg.vocab_size)
         tok = load_tokenizer(src, cfg.eos_token_id)
         try:
             scratch = temp_dir(out)
@@ -205,7 +212,7 @@ def export(model: str = "tiny", out: str | Path = "artifact", precisions=("fp32"
             work = scratch / "artifact"
             work.mkdir()
             files, parity_report = _write_artifact(work, module, cfg, tok, src, block_length or cfg.block_size,
-                                                   precisions, max_beam_width, opset, log, quant)
+                                                   precisions, max_beam_width, opset, log, quant, pool)
             replace_dir(work, out, scratch)
         except OSError as e:
             raise UserError(f"{out}: cannot write the artifact: {e.filename or out}: {e.strerror}") from None
@@ -217,7 +224,7 @@ def export(model: str = "tiny", out: str | Path = "artifact", precisions=("fp32"
 
 
 def _write_artifact(tmp: Path, module, cfg, tok, src: Path, L: int, precisions: list, max_beam_width: int,
-                    opset: int, log, quant: dict) -> tuple[dict, dict]:
+                    opset: int, log, quant: dict, pool: int) -> tuple[dict, dict]:
     """Every file of the artifact, manifest last, into the empty folder ``tmp``; ``quant``: the
     options of each quantized precision (recorded in the manifest's ``quantization``)."""
     import onnx
@@ -240,7 +247,7 @@ def _write_artifact(tmp: Path, module, cfg, tok, src: Path, L: int, precisions: 
         else:
             dtype = torch.float16 if prec == "fp16" else torch.float32
             mod = module.to(dtype) if prec == "fp16" else module
-            graphs, bases = _trace_graphs(mod, cfg, L, dtype, opset, trace)
+            graphs, bases = _trace_graphs(mod, cfg, L, dtype, opset, trace, pool)
         share_weights(graphs, sub, "weights.bin", bases=bases)
         shutil.rmtree(trace, ignore_errors=True)
         for g, m in graphs.items():
@@ -248,7 +255,7 @@ def _write_artifact(tmp: Path, module, cfg, tok, src: Path, L: int, precisions: 
         files[prec] = {"prefill": f"{rel}prefill.onnx", "verify": f"{rel}verify.onnx", "weights": f"{rel}weights.bin"}
         log(f"parity {prec} ...")
         try:
-            parity_report[prec] = parity(tmp, files[prec], mod, cfg, shapes, dtype)
+            parity_report[prec] = parity(tmp, files[prec], mod, cfg, shapes, dtype, pool)
             if prec in QUANTIZED:
                 parity_report[prec]["note"] = "weight-only quantized: compared with fp32 torch, top-1 may differ"
         except Exception as e:  # fp16 kernels may be missing on the CPU execution provider
@@ -270,7 +277,10 @@ def _write_artifact(tmp: Path, module, cfg, tok, src: Path, L: int, precisions: 
         "graphs": {g: {**names[g], "dims": {"input_ids": ["batch", "tokens"], "position_ids": ["batch", "tokens"],
                                             "attention_mask": ["batch", 1, "tokens", "kv_len"],
                                             "past": ["batch", cfg.num_kv_heads, "past", cfg.head_dim],
+                                            "sample_u": ["batch", "tokens"], "temperature": ["batch"],
+                                            "top_k": ["batch"], "top_p": ["batch"],
                                             "top": ["batch", "tokens", TOPK]}} for g in names},
+        "sampling": {"pool": pool, "noise": SAMPLING_NOISE},
         "precisions": files, "quantization": quant, "parity": parity_report,
         "created_s": round(time.time() - t0, 1),
     }
@@ -281,18 +291,27 @@ def _write_artifact(tmp: Path, module, cfg, tok, src: Path, L: int, precisions: 
     return files, parity_report
 
 
-def _trace_graphs(module, cfg, L: int, dtype, opset: int, trace: Path) -> tuple[dict, dict]:
+def _trace_graphs(module, cfg, L: int, dtype, opset: int, trace: Path, pool: int) -> tuple[dict, dict]:
     """Both graphs traced into their own sub-folders of ``trace`` (the external weight files of
     the two graphs carry the same names); returns the graphs (weights not loaded) and those folders."""
     names, axes = io_names(cfg.num_layers), dynamic_axes(cfg.num_layers)
-    ids, pos, mask, past = _dummy(cfg, 1, L, 4, dtype)
+    ids, pos, mask, rest = _dummy(cfg, 1, L, 4, dtype)
     graphs, bases = {}, {}
     for g, wrap in (("prefill", PrefillGraph), ("verify", VerifyGraph)):
         bases[g] = trace / g
         bases[g].mkdir(parents=True)
-        graphs[g] = _export_graph(wrap(module, TOPK), (ids, pos, mask, *past), names[g], axes, opset,
+        graphs[g] = _export_graph(wrap(module, TOPK, pool), (ids, pos, mask, *rest), names[g], axes, opset,
                                   bases[g] / f"{g}.onnx")
     return graphs, bases
+
+
+def _sample_pool(pool: int | None, vocab_size: int) -> int:
+    """The sampling pool P: the given one (TOPK <= P <= the vocabulary), else min(vocabulary, 64)."""
+    if pool is None:
+        return default_pool(vocab_size)
+    if isinstance(pool, bool) or not isinstance(pool, int) or not TOPK <= pool <= vocab_size:
+        raise UserError(f"--sample-pool must be an integer in [{TOPK}, {vocab_size}] (the model's vocabulary), got {pool}")
+    return pool
 
 
 def _is_artifact(folder: Path) -> bool:

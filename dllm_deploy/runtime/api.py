@@ -2,19 +2,23 @@
 from __future__ import annotations
 
 from dataclasses import fields
+from typing import Iterator
 
 from ..decode_rules import OPTIONS, PROFILE_DEFAULT_KEYS, RUNTIME_OPTIONS, option_error
 from ..errors import OptionError, UserError
 from .loop import Decoder, RowResult
+from .rows import RowOptions
 from .strategies import DecodeConfig
 
 _FIELDS = [f.name for f in fields(DecodeConfig)]
 _KEYWORDS = list(dict.fromkeys([*RUNTIME_OPTIONS, *_FIELDS]))   # declared options first: the first bad one is reported
+ROW_KEYWORDS = tuple(f.name for f in fields(RowOptions) if f.name in OPTIONS)   # decode options a row may set
 
 
 def decode_config(**kw) -> DecodeConfig:
-    """DecodeConfig from keyword arguments (None = default), with the checks a user needs. A
-    declared option that is not implemented yet is checked (its default only) and not passed on."""
+    """DecodeConfig from keyword arguments (None = default), with the checks a user needs. The
+    batch's options only: the per-row ones (``ROW_KEYWORDS``) are checked and left to ``row_options``,
+    a declared option that is not implemented yet is checked (its default only); neither is passed on."""
     unknown = sorted(set(kw) - set(_KEYWORDS))
     if unknown:
         raise OptionError("unknown_option", unknown[0], f"unknown decode option(s): {', '.join(unknown)}")
@@ -22,10 +26,24 @@ def decode_config(**kw) -> DecodeConfig:
         err = option_error(name, kw.get(name), OPTIONS[name].flag if name in OPTIONS else None)
         if err:
             raise err
+    kw = {**kw, **_budget(kw.get("max_tokens"), kw.get("gen_length"))}
     cfg = DecodeConfig(**{k: v for k, v in kw.items() if v is not None and k in _FIELDS})
     if cfg.candidates and not (cfg.strategy == "spd" and cfg.select == "threshold"):
         raise UserError("--candidates prunes the drafts of spd --select threshold only")
     return cfg
+
+
+def _budget(max_tokens: int | None, gen_length: int | None) -> dict:
+    """max_tokens vs gen_length (docs/streaming.md): gen_length defaults to max_tokens; a budget
+    over the canvas is refused."""
+    if max_tokens is None:
+        return {}
+    if gen_length is None:
+        return {"gen_length": max_tokens}
+    if max_tokens > gen_length:
+        raise OptionError("bad_option", "max_tokens", f"max tokens ({max_tokens}) exceeds gen length ({gen_length}): "
+                          "raise --gen-length or leave it out (it defaults to --max-tokens)", OPTIONS["max_tokens"].flag)
+    return {}
 
 
 class Runtime:
@@ -91,7 +109,32 @@ class Runtime:
         merged = {**self.decode_defaults(), **{k: v for k, v in decode.items() if v is not None}}
         return decode_config(**merged)
 
-    def generate(self, prompts: str | list[str], **decode) -> list[RowResult]:
+    def _call(self, prompts: str | list[str], rows, decode: dict) -> tuple[list[str], DecodeConfig, list[RowOptions]]:
+        """The prompts as a list, the call's DecodeConfig and one RowOptions per prompt (``rows``, or
+        the decode keywords' for every row). Given ``rows`` and no gen_length, the canvas fits the
+        largest row budget when every row has one."""
         if isinstance(prompts, str):
             prompts = [prompts]
-        return self.decoder.generate(list(prompts), self.decode_config(**decode))
+        if rows and decode.get("gen_length") is None and all(r.max_tokens for r in rows):
+            decode = {**decode, "gen_length": max(r.max_tokens for r in rows)}
+        dcfg = self.decode_config(**decode)
+        return list(prompts), dcfg, rows if rows is not None else [row_options(**decode)] * len(prompts)
+
+    def generate(self, prompts: str | list[str], rows: list[RowOptions] | None = None, **decode) -> list[RowResult]:
+        """One RowResult per prompt: the stream collected. ``rows``: one RowOptions per prompt (a
+        server's per-request sampling and stopping), replacing the per-row values of the decode keywords."""
+        return self.decoder.generate(*self._call(prompts, rows, decode))
+
+    def stream(self, prompts: str | list[str], rows: list[RowOptions] | None = None, **decode) -> Iterator[dict]:
+        """The chunks of docs/streaming.md as text becomes final (a str prompt: index 0). Close the
+        generator (break, .close()) to cancel; the runtime stays usable."""
+        return self.decoder.stream(*self._call(prompts, rows, decode))
+
+
+def row_options(**decode) -> RowOptions:
+    """The RowOptions the decode keywords give every row (None = default); checked by decode_config.
+    A single stop string stands for a list of one."""
+    kw = {k: decode[k] for k in ROW_KEYWORDS if decode.get(k) is not None}
+    if "stop" in kw:
+        kw["stop"] = (kw["stop"],) if isinstance(kw["stop"], str) else tuple(kw["stop"])
+    return RowOptions(**kw)

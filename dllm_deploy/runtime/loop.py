@@ -13,7 +13,10 @@ prefix and cache live in prefix.py. Every forward counts.
 
 Rows of a batch move block by block in lockstep; a row whose block is full waits for the
 others (its results are ignored and it is not charged the forward); a finished row (EOS with
-every position before it committed, or the budget spent) leaves the batch.
+every position before it committed, a stop string, or the budget spent) leaves the batch at the
+end of the block. After every forward the loop reports each live row's final tokens
+(``_Run.report``): ``Decoder.stream`` turns them into chunks of text (stream.py), and
+``Decoder.generate`` is that stream collected (docs/streaming.md).
 
 Dimension legend: B rows, L block length, W beam width, K top-k.
 """
@@ -22,13 +25,19 @@ from __future__ import annotations
 import time
 import warnings
 from dataclasses import dataclass, field
+from typing import Callable, Iterator
 
 import numpy as np
 
 from ..errors import UserError
 from . import canvas
+from ..decode_rules import OPTIONS, option_error
+from ..errors import OptionError
 from .prefix import PrefixState
+from .rows import RowOptions
+from .stream import RowText
 from .strategies import DecodeConfig, Policy
+from .tree import node_depths
 
 CACHE_MODES = ("none", "prefix", "dual", "exact", "auto")
 
@@ -44,8 +53,10 @@ class RowResult:
     tokens_per_s: float = 0.0
     beam_width_used: int = 1
     accepted_hist: dict = field(default_factory=dict)
-    finished: bool = False          # True: stopped at EOS; False: the token budget ran out
+    finished: bool = False          # True: stopped at EOS or a stop string; False: the token budget ran out
     beam_width_requested: int = 1   # the W asked for; beam_width_used is lower when a cap applied
+    finish_reason: str = "length"   # eos | stop | length (docs/streaming.md)
+    time_to_first_token_s: float | None = None   # call start -> the row's first chunk with token ids
 
     def to_dict(self) -> dict:
         d = dict(self.__dict__)
@@ -77,27 +88,47 @@ def block_status(tokens: np.ndarray, mask_id: int, eos_id: int) -> tuple[bool, i
 
 
 class _Run:
-    """One ``generate`` call: the batch's blocks, each decoded plan -> verify -> select."""
+    """One ``generate`` call: the batch's blocks, each decoded plan -> verify -> select. ``decode``
+    is a generator: one report per forward, [(row, final ids)] for the live rows."""
 
-    def __init__(self, backend, config, encoded: list[list[int]], policy: Policy, mode: str, n_blocks: int, L: int):
+    def __init__(self, backend, config, encoded: list[list[int]], policy: Policy, mode: str, n_blocks: int, L: int,
+                 rows: list[RowOptions]):
         self.policy, self.mode, self.n_blocks, self.L = policy, mode, n_blocks, L
         self.mask_id, self.eos_id, self.anchor = config.mask_token_id, config.eos_token_id, config.shift_logits
         self.bidi = config.attention != "block_causal"   # LLaDA / Dream: the canvas carries the suffix of masks
         prefix = canvas.Prefix.of_prompts(encoded, config.pad_token_id)
-        self.state = PrefixState(backend, prefix, prefix.ids.shape[1] + n_blocks * L if mode == "exact" else 0)
+        self.state = PrefixState(backend, prefix, prefix.ids.shape[1] + n_blocks * L if mode == "exact" else 0, rows)
         self.gen: list[list[int]] = [[] for _ in encoded]
-        self.stats = [{"forwards": 0, "tokens": 0, "accepted_hist": {}, "finished": False} for _ in encoded]
+        self.budget = [min(r.max_tokens or n_blocks * L, n_blocks * L) for r in rows]   # final ids at most
+        self.stopped: set[int] = set()      # rows finished by their report (stop string, budget): they leave
+        self.stats = [{"forwards": 0, "accepted_hist": {}} for _ in encoded]
 
-    def decode(self) -> list[tuple[list[int], dict]]:
+    def decode(self) -> Iterator[list[tuple[int, list[int]]]]:
         block, f_ids, f_probs = self.first_block()
         for k in range(self.n_blocks):
-            self.decode_block(k, block, f_ids, f_probs)
+            yield from self.decode_block(k, block, f_ids, f_probs)
             live = self.finish_block(block)
             if k == self.n_blocks - 1 or not live.any():
                 break
             self.state.keep(live)
             block, f_ids, f_probs = self.next_block(k, block[live])
-        return list(zip(self.gen, self.stats))
+
+    def stop(self, row: int) -> None:
+        """Row ``row`` (original numbering) has finished: its block counts as done, and it leaves
+        the batch at the end of the block."""
+        self.stopped.add(row)
+
+    def report(self, block: np.ndarray) -> list[tuple[int, list[int]]]:
+        """Each live row's final ids: its finished blocks, then the committed left-to-right prefix
+        of ``block`` (B,L), cut just after EOS and to the row's budget."""
+        out = []
+        for r, row in enumerate(self.state.rows):
+            masked = np.flatnonzero(block[r] == self.mask_id)
+            head = block[r][: masked[0] if masked.size else self.L]
+            eos = np.flatnonzero(head == self.eos_id)
+            ids = self.gen[row] + [int(x) for x in head[: eos[0] + 1 if eos.size else len(head)]]
+            out.append((int(row), ids[: self.budget[row]]))
+        return out
 
     def _suffix_len(self, k: int) -> int:
         """Masked positions after block k up to the budget (bidirectional canvas only)."""
@@ -131,17 +162,19 @@ class _Run:
             self.state.extend(block)
         return (nxt, *self._forward(plan))
 
-    def _verify(self, k: int, nodes: np.ndarray):
-        """f(node) (B,W,L,K) twice for the drafted states (B,W,L) of block k: one forward."""
+    def _verify(self, k: int, nodes: np.ndarray, steps: np.ndarray):
+        """f(node) (B,W,L,K) twice for the drafted states (B,W,L) of block k: one forward; node w
+        of row r serves base-rule step ``steps[r, w]`` (its sampling noise)."""
         prefix = self.state.prefix
         if self.bidi:
             return self.state.run(canvas.canvas_verify(prefix, nodes, self._suffix_len(k), self.mask_id,
-                                                       self.mode, self.anchor))
-        return self.state.run(canvas.tree_verify(prefix, nodes, self.mode))
+                                                       self.mode, self.anchor), steps)
+        return self.state.run(canvas.tree_verify(prefix, nodes, self.mode), steps)
 
-    def decode_block(self, k: int, block: np.ndarray, f_ids: np.ndarray, f_probs: np.ndarray) -> None:
+    def decode_block(self, k: int, block: np.ndarray, f_ids: np.ndarray, f_probs: np.ndarray) -> Iterator[list]:
         """Fills block k (B,L) in place, f_ids/f_probs (B,L,K) following, until every row's block
-        is full or ended."""
+        is full or ended; reports after every forward, once node 0 (the base rule's step from its
+        results, which every selection reaches) is committed."""
         b, policy = len(block), self.policy
         step = np.zeros(b, dtype=np.int64)                                         # rule steps taken
         done = np.zeros(b, dtype=bool)                                             # block full (or EOS)
@@ -151,10 +184,13 @@ class _Run:
             for r in np.flatnonzero(~done):
                 block[r] = nodes[r, 0]
                 done[r] = block_status(block[r], self.mask_id, self.eos_id)[0]
+            yield self.report(block)
+            done |= np.isin(self.state.rows, list(self.stopped))
             need = np.flatnonzero(~done)
             if not need.size:
                 return
-            v_ids, v_probs = self._verify(k, nodes)                                  # (B,W,L,K)
+            serves = np.stack([step[r] + 1 + np.asarray(node_depths(d[1])) for r, d in enumerate(drafts)])   # (B,W)
+            v_ids, v_probs = self._verify(k, nodes, serves)                          # (B,W,L,K)
             for r in need:
                 cur, steps = policy.select(nodes[r], drafts[r][1], v_ids[r], v_probs[r], int(step[r]))
                 st = self.stats[self.state.rows[r]]
@@ -170,10 +206,7 @@ class _Run:
         for r, row in enumerate(self.state.rows):
             stop = block_status(block[r], self.mask_id, self.eos_id)[1]
             self.gen[row].extend(int(x) for x in block[r][:stop])
-            self.stats[row]["tokens"] = len(self.gen[row])
-            if stop is not None:
-                self.stats[row]["finished"] = True
-                live[r] = False
+            live[r] = stop is None and row not in self.stopped
         return live
 
 
@@ -185,13 +218,46 @@ class Decoder:
         self.max_beam_width = max_beam_width
         self.cap_reason = "the artifact's max_beam_width"   # what set max_beam_width (for the warning)
 
-    def generate(self, prompts: list[str], dcfg: DecodeConfig) -> list[RowResult]:
+    def check_rows(self, rows: list[RowOptions]) -> None:
+        """Sampling needs graphs that sample (schema 3), and a top-k within their pool."""
+        be = self.backend
+        if be.sample_pool is None:
+            if any(o.sampling for o in rows):
+                schema = getattr(be, "manifest", {}).get("schema_version", 2)
+                raise UserError(f"{getattr(be, 'folder', be.name)}: this artifact was exported without sampling "
+                                f"(schema {schema}); re-export it to sample (temperature > 0)")
+            return
+        k = max(o.top_k for o in rows)
+        if k > be.sample_pool:
+            raise UserError(f"top k {k} is over the {be.sample_pool} tokens {getattr(be, 'folder', be.name)} samples "
+                            "from (its sampling pool; export --sample-pool sets it)")
+
+    def _check_rows(self, rows: list[RowOptions] | None, n: int, dcfg: DecodeConfig) -> list[RowOptions]:
+        """One RowOptions per prompt (default: RowOptions()), their budgets within the canvas."""
+        if rows is None:
+            return [RowOptions()] * n
+        rows = list(rows)
+        if len(rows) != n or not all(isinstance(r, RowOptions) for r in rows):
+            raise UserError(f"{len(rows)} row options given for {n} prompts (one RowOptions per prompt)")
+        for r in rows:
+            err = option_error("max_tokens", r.max_tokens) or option_error("stop", r.stop)
+            if err:
+                raise err
+            if r.max_tokens is not None and r.max_tokens > dcfg.gen_length:
+                raise OptionError("bad_option", "max_tokens", f"max tokens ({r.max_tokens}) exceeds gen length "
+                                  f"({dcfg.gen_length})", OPTIONS["max_tokens"].flag)
+        return rows
+
+    def _prepare(self, prompts: list[str], dcfg: DecodeConfig, rows: list[RowOptions] | None):
+        """(the run, its policy, the W requested, the rows' options): every check before a forward."""
         c = self.config
         if not prompts:
             raise UserError("no prompt given")
         L = dcfg.block_length
         if L < 1 or dcfg.gen_length < 1:
             raise UserError("block length and gen length must be >= 1")
+        rows = self._check_rows(rows, len(prompts), dcfg)
+        self.check_rows(rows)
         requested = width = dcfg.beam_width if dcfg.strategy == "spd" else 1
         if self.max_beam_width is not None and width > self.max_beam_width:
             width = self.max_beam_width
@@ -206,10 +272,55 @@ class Decoder:
                 raise UserError("empty prompt")
             if len(x) + n_blocks * L > c.max_seq:
                 raise UserError(f"prompt of {len(x)} tokens + {n_blocks * L} generated exceeds the model's max_seq {c.max_seq}")
-        t0 = time.perf_counter()
-        results = _Run(self.backend, c, encoded, policy, mode, n_blocks, L).decode()
-        wall = time.perf_counter() - t0
-        return [RowResult(text=self.tok.decode(ids), token_ids=ids, **st, tpf=st["tokens"] / max(st["forwards"], 1),
-                          wall_s=wall, tokens_per_s=st["tokens"] / wall if wall > 0 else 0.0,
-                          beam_width_used=policy.width, beam_width_requested=requested) for ids, st in results]
+        return _Run(self.backend, c, encoded, policy, mode, n_blocks, L, rows), policy, requested, rows
 
+    def stream(self, prompts: list[str], dcfg: DecodeConfig, rows: list[RowOptions] | None = None) -> Iterator[dict]:
+        """The chunks of docs/streaming.md as the rows' text becomes final; the generator returns
+        (StopIteration.value) one dict per row of what chunks do not carry. Every check runs
+        here, before the generator starts; closing it cancels the call."""
+        return self._chunks(*self._prepare(prompts, dcfg, rows))
+
+    def _chunks(self, run: _Run, policy: Policy, requested: int, rows: list[RowOptions]) -> Iterator[dict]:
+        texts = [RowText(self.tok.decode, self.config.eos_token_id, r.stop, b) for r, b in zip(rows, run.budget)]
+        first = [None] * len(rows)
+        t0 = time.perf_counter()
+        for report in run.decode():
+            for row, ids in report:
+                t = texts[row]
+                if len(ids) == t.seen:
+                    continue
+                delta, new, reason = t.update(ids)
+                if reason:
+                    run.stop(row)
+                if new and first[row] is None:
+                    first[row] = time.perf_counter() - t0
+                yield {"index": row, "delta": delta, "token_ids": new, "forwards": run.stats[row]["forwards"],
+                       "tokens": t.sent, "finish_reason": reason}
+        wall = time.perf_counter() - t0
+        return [{**st, "finish_reason": t.finish_reason, "time_to_first_token_s": ttft, "wall_s": wall,
+                 "beam_width_used": policy.width, "beam_width_requested": requested}
+                for st, t, ttft in zip(run.stats, texts, first)]
+
+    def generate(self, prompts: list[str], dcfg: DecodeConfig, rows: list[RowOptions] | None = None,
+                 on_chunk: Callable[[dict], None] | None = None) -> list[RowResult]:
+        """The stream collected: each row's text and token ids are its chunks' concatenated
+        (``on_chunk`` sees every chunk as it comes)."""
+        chunks = self.stream(prompts, dcfg, rows)
+        text, ids = [[] for _ in prompts], [[] for _ in prompts]
+        while True:
+            try:
+                c = next(chunks)
+            except StopIteration as end:
+                rest = end.value
+                break
+            text[c["index"]].append(c["delta"])
+            ids[c["index"]].extend(c["token_ids"])
+            if on_chunk:
+                on_chunk(c)
+        out = []
+        for t, i, st in zip(text, ids, rest):
+            wall = st["wall_s"]
+            out.append(RowResult(text="".join(t), token_ids=i, tokens=len(i), tpf=len(i) / max(st["forwards"], 1),
+                                 tokens_per_s=len(i) / wall if wall > 0 else 0.0,
+                                 finished=st["finish_reason"] in ("eos", "stop"), **st))
+        return out

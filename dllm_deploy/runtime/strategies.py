@@ -21,7 +21,7 @@ class DecodeConfig:
     """The implemented decode options of decode_options.json (names, order and defaults: tests/test_options.py
     checks them), plus ``schedule``, the lossy mode's tau (a structure, not an option)."""
     strategy: str = "vanilla"         # vanilla | threshold | spd
-    gen_length: int = 256             # token budget per prompt (rounded up to whole blocks)
+    gen_length: int = 256             # the canvas per prompt (rounded up to whole blocks)
     block_length: int = 32            # L: positions denoised together
     tokens_per_step: int = 1          # vanilla: k tokens committed per step
     steps: int | None = None          # vanilla: LLaDA steps over gen_length (overrides k)

@@ -16,7 +16,7 @@ REPO = Path(__file__).resolve().parents[2]
 def test_artifact_layout_and_manifest(tiny_artifact):
     folder, report = tiny_artifact
     m = read_manifest(folder)
-    assert m["schema_version"] == 2
+    assert m["schema_version"] == 3 and m["sampling"] == {"pool": 64, "noise": "philox4x64-10/v1"}
     assert set(m["precisions"]) == {"fp32", "int8", "int4"}
     for f in ("prefill.onnx", "verify.onnx", "weights.bin", "int8/prefill.onnx", "int8/verify.onnx", "int8/weights.bin"):
         assert f in m["files"], f

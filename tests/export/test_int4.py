@@ -71,8 +71,8 @@ def test_share_weights_streams_external_tensors(tmp_path, layout_checkpoint):
     from dllm_deploy.models.loading import load_model
     _, ckpt = layout_checkpoint
     module, cfg = load_model(ckpt, attention="eager")
-    inline, _ = _trace_graphs(module, cfg, 8, torch.float32, 17, tmp_path / "inline-trace")
-    graphs, bases = _trace_graphs(module, cfg, 8, torch.float32, 17, tmp_path / "trace")
+    inline, _ = _trace_graphs(module, cfg, 8, torch.float32, 17, tmp_path / "inline-trace", 16)
+    graphs, bases = _trace_graphs(module, cfg, 8, torch.float32, 17, tmp_path / "trace", 16)
     for g, folder in bases.items():
         path = folder / f"{g}.onnx"
         onnx.save_model(onnx.load(str(path)), str(path), save_as_external_data=True, all_tensors_to_one_file=False,
@@ -85,9 +85,9 @@ def test_share_weights_streams_external_tensors(tmp_path, layout_checkpoint):
     out.mkdir(), ref.mkdir()
     assert share_weights(graphs, out, "weights.bin", bases=bases) == share_weights(inline, ref, "weights.bin")
     assert (out / "weights.bin").read_bytes() == (ref / "weights.bin").read_bytes()
-    ids, pos, mask, past = _dummy(cfg, 1, 8, 4, torch.float32)
+    ids, pos, mask, rest = _dummy(cfg, 1, 8, 4, torch.float32)
     feeds = {"input_ids": ids.numpy(), "position_ids": pos.numpy(), "attention_mask": mask.numpy()}
-    feeds.update({n: x.numpy() for n, x in zip(io_names(cfg.num_layers)["prefill"]["inputs"][3:], past)})
+    feeds.update({n: x.numpy() for n, x in zip(io_names(cfg.num_layers)["prefill"]["inputs"][3:], rest)})
     results = []
     for folder, gs in ((out, graphs), (ref, inline)):
         onnx.save(gs["prefill"], str(folder / "prefill.onnx"))

@@ -91,12 +91,16 @@ def test_the_cli_case_of_the_issue_ends(argmax_models):
 def test_the_graphs_exclude_and_the_manifest_says_so(argmax_models):
     """verify.onnx itself never returns the mask token; prefill's logits hold -inf there."""
     import onnxruntime as ort
+
+    from dllm_deploy.runtime.backends.base import sampling_feeds
     artifact = argmax_models["llada-mask"][1]
     m = json.loads(open(f"{artifact}/manifest.json").read())
-    assert m["schema_version"] == 2 and m["special_ids"]["excluded"] == [299]
+    assert m["schema_version"] == 3 and m["special_ids"]["excluded"] == [299]
     feeds = {"input_ids": np.full((1, 6), 299, dtype=np.int64), "position_ids": np.arange(6)[None],
              "attention_mask": np.ones((1, 1, 6, 6), dtype=bool)}
-    feeds.update({n: np.zeros((1, 4, 0, 16), dtype=np.float32) for n in m["graphs"]["verify"]["inputs"][3:]})
+    feeds.update({n: np.zeros((1, 4, 0, 16), dtype=np.float32) for n in m["graphs"]["verify"]["inputs"][3:]
+                  if n.startswith("past_key_values.")})
+    feeds.update(sampling_feeds(None, 1, 6))                    # greedy
     top_i, top_p = ort.InferenceSession(f"{artifact}/verify.onnx").run(None, feeds)
     assert (top_i != 299).all() and np.isfinite(top_p).all() and (top_p[..., 0] > 0).all()
     logits = ort.InferenceSession(f"{artifact}/prefill.onnx").run(["logits"], feeds)[0]
@@ -141,10 +145,10 @@ def test_an_unknown_schema_is_still_refused(argmax_models, tmp_path):
     from dllm_deploy.errors import UserError
     bad = shutil.copytree(argmax_models["llada-mask"][1], tmp_path / "bad")
     m = json.loads((bad / "manifest.json").read_text())
-    for version in (3, 0, True):
+    for version in (4, 0, True):
         m["schema_version"] = version
         (bad / "manifest.json").write_text(json.dumps(m))
-        with pytest.raises(UserError, match=r"unknown schema_version .* \(this runtime reads 1, 2\)"):
+        with pytest.raises(UserError, match=r"unknown schema_version .* \(this runtime reads 1, 2, 3\)"):
             read_manifest(bad)
 
 

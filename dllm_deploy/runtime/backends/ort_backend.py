@@ -11,9 +11,9 @@ from pathlib import Path
 
 import numpy as np
 
-from ...artifact import MANIFEST, read_manifest
+from ...artifact import MANIFEST, read_manifest, sample_pool
 from ...errors import UserError, file_error
-from .base import host_excluded
+from .base import host_excluded, sampling_feeds
 
 
 def provider_list(providers: list[str], options: dict | None = None) -> list:
@@ -79,7 +79,9 @@ class OrtBackend:
         inp = self.sessions["prefill"].get_inputs()
         self.kv_dtype = np.float16 if "float16" in inp[3].type else np.float32
         self.names = manifest["graphs"]
-        self.past_names = self.names["prefill"]["inputs"][3:]
+        self.past_names = [n for n in self.names["prefill"]["inputs"] if n.startswith("past_key_values.")]
+        self.fed_sampling = "sample_u" in self.names["prefill"]["inputs"]     # schema 3 graphs take the inputs
+        self.sample_pool = sample_pool(manifest) if self.fed_sampling else None
         # the decode loop never needs prefill's full logits (B,T,V): not fetching them lets ONNX
         # Runtime free them as an intermediate instead of returning T*V floats per call
         self.prefill_fetch = [n for n in self.names["prefill"]["outputs"] if n != "logits"]
@@ -88,17 +90,19 @@ class OrtBackend:
         c = self.config
         return OrtCache(c.num_layers, batch, c.num_kv_heads, c.head_dim, self.kv_dtype)
 
-    def _feeds(self, cache, ids, pos, mask):
+    def _feeds(self, cache, ids, pos, mask, sampling=None):
         feeds = {"input_ids": np.ascontiguousarray(ids, dtype=np.int64),
                  "position_ids": np.ascontiguousarray(pos, dtype=np.int64),
                  "attention_mask": np.ascontiguousarray(mask, dtype=bool)}
         for i, (k, v) in enumerate(cache.past()):
             feeds[self.past_names[2 * i]] = k
             feeds[self.past_names[2 * i + 1]] = v
+        if self.fed_sampling:
+            feeds.update(sampling_feeds(sampling, *ids.shape))
         return feeds
 
-    def prefill(self, cache, ids, pos, mask, keep: int):
-        outs = self.sessions["prefill"].run(self.prefill_fetch, self._feeds(cache, ids, pos, mask))
+    def prefill(self, cache, ids, pos, mask, keep: int, sampling=None):
+        outs = self.sessions["prefill"].run(self.prefill_fetch, self._feeds(cache, ids, pos, mask, sampling))
         top_i, top_p = outs[0], outs[1]
         end = cache.length + keep
         full = outs[2].shape[2] == end
@@ -114,8 +118,8 @@ class OrtBackend:
         out = self.sessions["prefill"].run(["logits"], self._feeds(cache, ids, pos, mask))[0]
         return out.astype(np.float32, copy=False)
 
-    def verify(self, cache, ids, pos, mask):
-        top_i, top_p = self.sessions["verify"].run(None, self._feeds(cache, ids, pos, mask))
+    def verify(self, cache, ids, pos, mask, sampling=None):
+        top_i, top_p = self.sessions["verify"].run(None, self._feeds(cache, ids, pos, mask, sampling))
         return top_i, top_p.astype(np.float32, copy=False)
 
 

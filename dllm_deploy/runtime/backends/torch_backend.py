@@ -1,10 +1,13 @@
 """The torch reference backend (CPU, or CUDA where present). Imports torch lazily.
 
-It chooses as the exported graphs do (models/exclusion.py): the mask token and a pad token
-distinct from EOS are excluded before the softmax, so torch and the artifact backends agree."""
+It chooses as the exported graphs do (models/exclusion.py, models/sampling.py): the mask token and
+a pad token distinct from EOS are excluded before the softmax, and the same function picks the
+top-1 or a sample from the pool, so torch and the artifact backends agree."""
 from __future__ import annotations
 
 import numpy as np
+
+from ...artifact import SAMPLING_INPUTS
 
 
 class TorchCache:
@@ -30,6 +33,7 @@ class TorchBackend:
         import torch
 
         from ...models.exclusion import excluded_ids, exclusion_mask
+        from ...models.sampling import default_pool
         if threads:
             torch.set_num_threads(threads)
         self.torch = torch
@@ -37,6 +41,7 @@ class TorchBackend:
         self.config = config
         self.device = device
         self.topk = topk
+        self.sample_pool = default_pool(config.vocab_size)
         self.excluded = exclusion_mask(config.vocab_size, excluded_ids(config)).to(device)
 
     @classmethod
@@ -51,18 +56,23 @@ class TorchBackend:
     def new_cache(self, batch: int, capacity: int = 0) -> TorchCache:
         return TorchCache(self.model.empty_past(batch, self.device, self.model.lm_head.weight.dtype), self.device)
 
-    def _run(self, cache, ids, pos, mask):
-        from ...models.exclusion import choices
+    def _run(self, cache, ids, pos, mask, sampling):
+        from ...models.exclusion import exclude
+        from ...models.sampling import sample
+        from .base import sampling_feeds
         t = self.torch
+        feeds = sampling_feeds(sampling, *ids.shape)
         with t.inference_mode():
             logits, present = self.model(
                 t.as_tensor(ids, device=self.device), t.as_tensor(pos, device=self.device),
                 t.as_tensor(mask, device=self.device), cache.past)
-            top_i, top_p = choices(logits, self.excluded, self.topk)
+            top_i, top_p = sample(exclude(logits, self.excluded),
+                                  *(t.as_tensor(feeds[n], device=self.device) for n in SAMPLING_INPUTS),
+                                  pool=self.sample_pool, k=self.topk)
         return top_i.cpu().numpy(), top_p.cpu().numpy(), present
 
-    def prefill(self, cache, ids, pos, mask, keep: int):
-        top_i, top_p, present = self._run(cache, ids, pos, mask)
+    def prefill(self, cache, ids, pos, mask, keep: int, sampling=None):
+        top_i, top_p, present = self._run(cache, ids, pos, mask, sampling)
         end = cache.length + keep
         cache.past = [(k[:, :, :end], v[:, :, :end]) for k, v in present]
         return top_i, top_p
@@ -78,6 +88,6 @@ class TorchBackend:
             out = exclude(out, self.excluded)
         return out.float().cpu().numpy()
 
-    def verify(self, cache, ids, pos, mask):
-        top_i, top_p, _ = self._run(cache, ids, pos, mask)
+    def verify(self, cache, ids, pos, mask, sampling=None):
+        top_i, top_p, _ = self._run(cache, ids, pos, mask, sampling)
         return top_i, top_p

@@ -28,6 +28,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ...artifact import SAMPLING_INPUTS, sample_pool
 from ...artifact.engines import (
     GRAPHS,
     Shapes,
@@ -39,7 +40,7 @@ from ...artifact.engines import (
     stale_reasons,
 )
 from ...errors import UserError
-from .base import host_excluded
+from .base import host_excluded, sampling_feeds
 
 # tensorrt.DataType member name -> torch dtype attribute name
 TRT_TO_TORCH = {"FLOAT": "float32", "HALF": "float16", "BF16": "bfloat16", "INT64": "int64", "INT32": "int32",
@@ -55,7 +56,8 @@ def io_shapes(manifest: dict, graph: str, batch: int, tokens: int, past: int) ->
     b, t, p = batch, tokens, past
     shapes: dict[str, tuple[int, ...]] = {"input_ids": (b, t), "position_ids": (b, t), "attention_mask": (b, 1, t, p + t)}
     for name in names["inputs"][3:]:
-        shapes[name] = (b, hkv, p, d)                                       # past (B,Hkv,P,D)
+        shapes[name] = ((b, t) if name == "sample_u" else (b,) if name in SAMPLING_INPUTS
+                        else (b, hkv, p, d))                                # sampling; past (B,Hkv,P,D)
     for name in names["outputs"]:
         if name == "logits":
             shapes[name] = (b, t, v)                                        # (B,T,V)
@@ -242,7 +244,9 @@ class TrtBackend:  # pragma: no cover - needs a GPU with TensorRT
         names = manifest["graphs"]
         self.engines = {g: _Engine(trt, torch, self.folder / built["graphs"][g]["plan"],
                                    names[g]["inputs"] + names[g]["outputs"], rebuild) for g in GRAPHS}
-        self.past_names = names["prefill"]["inputs"][3:]
+        self.past_names = [n for n in names["prefill"]["inputs"] if n.startswith("past_key_values.")]
+        self.fed_sampling = "sample_u" in names["prefill"]["inputs"]          # schema 3 engines take the inputs
+        self.sample_pool = sample_pool(manifest) if self.fed_sampling else None
         self.present_names = [n for n in names["prefill"]["outputs"] if n.startswith("present.")]
         self.kv_dtype = self.engines["prefill"].dtypes[self.past_names[0]]
         self.max_beam_width = max_beam_width_of(self.engines["verify"].ranges, self.block_length)
@@ -256,7 +260,7 @@ class TrtBackend:  # pragma: no cover - needs a GPU with TensorRT
         arr = np.require(arr, requirements=["C", "W"])
         return eng.buffer(name, arr.shape).copy_(self.torch.from_numpy(arr))
 
-    def _run(self, graph: str, cache: TrtCache, ids, pos, mask) -> dict:
+    def _run(self, graph: str, cache: TrtCache, ids, pos, mask, sampling=None) -> dict:
         eng = self.engines[graph]
         b, t = ids.shape
         check_in_range(io_shapes(self.manifest, graph, b, t, cache.length), eng.ranges, graph, self.block_length)
@@ -265,6 +269,8 @@ class TrtBackend:  # pragma: no cover - needs a GPU with TensorRT
         for i, (k, v) in enumerate(cache.past()):
             feeds[self.past_names[2 * i]] = k
             feeds[self.past_names[2 * i + 1]] = v
+        if self.fed_sampling:
+            feeds.update({n: self._host(eng, n, x) for n, x in sampling_feeds(sampling, b, t).items()})
         return eng.run(feeds, graph)
 
     def _top(self, outs: dict):
@@ -272,15 +278,15 @@ class TrtBackend:  # pragma: no cover - needs a GPU with TensorRT
         top_p = outs["top_probs"].float().cpu().numpy()                      # (B,T,K)
         return top_i, top_p
 
-    def prefill(self, cache: TrtCache, ids, pos, mask, keep: int):
-        outs = self._run("prefill", cache, ids, pos, mask)
+    def prefill(self, cache: TrtCache, ids, pos, mask, keep: int, sampling=None):
+        outs = self._run("prefill", cache, ids, pos, mask, sampling)
         end = cache.length + keep
         cache.store([(outs[self.present_names[2 * i]], outs[self.present_names[2 * i + 1]])
                      for i in range(self.config.num_layers)], end)
         return self._top(outs)
 
-    def verify(self, cache: TrtCache, ids, pos, mask):
-        return self._top(self._run("verify", cache, ids, pos, mask))
+    def verify(self, cache: TrtCache, ids, pos, mask, sampling=None):
+        return self._top(self._run("verify", cache, ids, pos, mask, sampling))
 
     def logits(self, cache: TrtCache, ids, pos, mask) -> np.ndarray:
         """Full logits (B,T,V) from the prefill engine (likelihood scoring); cache unchanged."""
