@@ -368,6 +368,7 @@ def cmd_serve(a) -> int:
     check_ports(a.host, ports)
     rt = _runtime(a)
     cfg = rt.decode_config(**defaults)
+    defaults["gen_length"] = cfg.gen_length       # every batch decodes the same canvas, whatever its rows' max_tokens
     canvas = -(-cfg.gen_length // cfg.block_length) * cfg.block_length
     limits = Limits(max_prompt_tokens=a.max_prompt_tokens or rt.config.max_seq - canvas, max_tokens=cfg.gen_length,
                     max_beam_width=rt.decoder.max_beam_width or cfg.beam_width, max_queue=a.max_queue)

@@ -5,12 +5,13 @@ itself (scheduler.py), so a bad request fails alone and never takes a batch's ot
 Every optional input falls back to the server's default (profile, then flags)."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
 from ..decode_rules import OPTIONS
 from ..errors import UserError
+from ..runtime.api import ROW_KEYWORDS, row_options
 from ..runtime.rows import RowOptions
 
 # (name, numpy dtype, shape, optional); BYTES tensors are numpy object arrays of bytes
@@ -86,7 +87,8 @@ def _text(value, name: str) -> str:
 
 def parse_request(inputs: dict, tokenizer, limits: Limits, defaults: dict) -> Request:
     """A Request from one request's tensors, or BadRequest naming the input at fault.
-    ``defaults``: the server's decode options (strategy, beam_width, threshold, gen_length...)."""
+    ``defaults``: the server's decode options (strategy, beam_width, gen_length..., and the row
+    options every request starts from: temperature, seed, max_tokens, stop...)."""
     prompt = _text(_scalar(inputs, "text_input"), "text_input")
     n_prompt = len(tokenizer.encode(prompt))
     if n_prompt == 0:
@@ -106,17 +108,18 @@ def parse_request(inputs: dict, tokenizer, limits: Limits, defaults: dict) -> Re
     threshold = _scalar(inputs, "threshold")
     if threshold is not None and not 0.0 <= float(threshold) <= 1.0:
         raise BadRequest(f"threshold: {float(threshold)} is outside [0, 1]")
-    decode = {**defaults, "strategy": strategy}
+    decode = {**{k: v for k, v in defaults.items() if k not in ROW_KEYWORDS}, "strategy": strategy}
     if beam_width is not None:
         decode["beam_width"] = int(beam_width)
     if threshold is not None:
         decode["threshold"] = float(threshold)
-    row = _row_options(inputs, max_tokens)
+    row = _row_options(inputs, max_tokens, row_options(**defaults))
     stream = _scalar(inputs, "stream")
     return Request(prompt=prompt, decode=decode, row=row, stream=bool(stream) if stream is not None else False)
 
 
-def _row_options(inputs: dict, max_tokens) -> RowOptions:
+def _row_options(inputs: dict, max_tokens, base: RowOptions) -> RowOptions:
+    """``base`` (the server's row defaults) with what this request sets."""
     temperature, top_p, top_k, seed = (_scalar(inputs, n) for n in ("temperature", "top_p", "top_k", "seed"))
     if temperature is not None and not float(temperature) >= 0.0:
         raise BadRequest(f"temperature: {float(temperature)} must be >= 0")
@@ -127,15 +130,18 @@ def _row_options(inputs: dict, max_tokens) -> RowOptions:
     stop = tuple(_text(s, "stop_words") for s in np.asarray(inputs["stop_words"] if "stop_words" in inputs else []).reshape(-1))
     if any(not s for s in stop):
         raise BadRequest("stop_words: an empty stop word")
-    return RowOptions(temperature=float(temperature or 0.0), top_k=int(top_k or 0),
-                      top_p=1.0 if top_p is None else float(top_p), seed=int(seed or 0),
-                      max_tokens=None if max_tokens is None else int(max_tokens), stop=stop)
+    given = {"temperature": temperature, "top_k": top_k, "top_p": top_p, "seed": seed, "max_tokens": max_tokens,
+             "stop": stop or None}
+    cast = {"temperature": float, "top_p": float, "top_k": int, "seed": int, "max_tokens": int, "stop": tuple}
+    return replace(base, **{k: cast[k](v) for k, v in given.items() if v is not None})
 
 
-def check_decode(runtime, decode: dict) -> None:
-    """BadRequest for batch options the runtime refuses (the same checks as ``generate``)."""
+def check_with_runtime(runtime, request: Request) -> None:
+    """BadRequest for what the runtime would refuse (the checks of ``generate``), before the request
+    joins a batch: a refusal inside a batch would fail its other rows too."""
     try:
-        runtime.decode_config(**decode)
+        runtime.decode_config(**request.decode)
+        runtime.decoder.check_rows([request.row])
     except UserError as e:
         raise BadRequest(str(e)) from None
 

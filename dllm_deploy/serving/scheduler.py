@@ -84,8 +84,8 @@ class Scheduler:
         requests = [r for r, _ in batch]
         done = [False] * len(batch)
         try:
-            for chunk in _stream(self.runtime, [r.prompt for r in requests], [r.row for r in requests],
-                                 requests[0].decode):
+            for chunk in self.runtime.stream([r.prompt for r in requests], rows=[r.row for r in requests],
+                                             **requests[0].decode):
                 i = chunk["index"]
                 done[i] = chunk["finish_reason"] is not None
                 batch[i][1](chunk)
@@ -95,13 +95,3 @@ class Scheduler:
                 if not finished:
                     deliver(error)
 
-
-def _stream(runtime, prompts, rows, decode):
-    """``runtime.stream`` (docs/streaming.md); on a runtime without it, each row's whole result
-    as its one chunk (rows with default options only)."""
-    if hasattr(runtime, "stream"):
-        yield from runtime.stream(prompts, rows=rows, **decode)
-        return
-    for i, r in enumerate(runtime.generate(prompts, **decode)):
-        yield {"index": i, "delta": r.text, "token_ids": r.token_ids, "forwards": r.forwards,
-               "tokens": r.tokens, "finish_reason": "eos" if r.finished else "length"}

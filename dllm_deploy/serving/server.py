@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 
 from ..errors import UserError
-from .contract import INPUTS, OUTPUTS, BadRequest, Limits, check_decode, parse_request, response
+from .contract import INPUTS, OUTPUTS, BadRequest, Limits, check_with_runtime, parse_request, response
 from .scheduler import Scheduler
 
 PLAIN, STREAM = "dllm", "dllm_stream"
@@ -97,7 +97,7 @@ class Handlers:
 
     def _parse(self, inputs: dict):
         request = parse_request(inputs, self.runtime.tokenizer, self.limits, self.defaults)
-        check_decode(self.runtime, request.decode)
+        check_with_runtime(self.runtime, request)
         return request
 
     def plain(self, requests: list) -> list:

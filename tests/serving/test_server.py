@@ -43,6 +43,19 @@ def test_http_generate_equals_offline(server, offline, model):
         assert out["finish_reason"] in ("eos", "length")
 
 
+def test_seeded_sampling_max_tokens_and_stop_equal_offline(server, offline):
+    from dllm_deploy.runtime.rows import RowOptions
+    cases = [({"temperature": 0.8, "top_p": 0.9, "seed": 7}, RowOptions(temperature=0.8, top_p=0.9, seed=7)),
+             ({"max_tokens": 5}, RowOptions(max_tokens=5)),
+             ({"stop_words": ["3"]}, RowOptions(stop=("3",)))]
+    for body, row in cases:
+        status, out = post(f"{server.url}/v2/models/dllm_stream/generate", {"text_input": PROMPTS[0], **body})
+        assert status == 200, out
+        ref = offline(PROMPTS[0], rows=[row])
+        check_equal(out, ref)
+        assert out["finish_reason"] == ref.finish_reason
+
+
 def test_kserve_infer_http_and_grpc(server, offline):
     import tritonclient.grpc as grpcclient
     import tritonclient.http as httpclient
@@ -78,6 +91,7 @@ def test_generate_stream_sse(server, offline):
     ({"text_input": "hi", "strategy": "spd", "beam_width": 99}, "beam_width: 99 is outside"),
     ({"text_input": "hi", "max_tokens": "many"}, "Unable to parse"),
     ({"text_input": "hi", "stream": True}, "stream from model dllm_stream"),
+    ({"text_input": "hi", "temperature": 1.0, "top_k": 1000}, "sampling pool"),
 ])
 def test_bad_request_fails_alone(server, offline, body, needle):
     status, out = post(f"{server.url}/v2/models/dllm/generate", body)
