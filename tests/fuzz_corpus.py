@@ -137,3 +137,19 @@ def write_corpus(folder: Path, n: int, seed: int, base: Path | None = None) -> l
         p.write_bytes(odd_prompts(rng))
         prompts.append(p)
     return artifacts + prompts
+
+
+def fuzz_texts(rng: random.Random, n: int) -> list[str]:
+    """``n`` prompts for tokenizer parity: Unicode from every plane a tokenizer meets (Latin, CJK,
+    emoji with skin-tone modifiers, combining marks), whitespace runs (spaces, tabs, newlines, CRs),
+    very long words, digits and punctuation, plus the fixed edge cases (empty, one space)."""
+    pools = ["abcdefghijklmnopqrstuvwxyz", "ABCXYZ", "0123456789", " ", "  \t\t\n\n\r\n   ", ".,:;!?()[]{}'\"-_/\\@#$%^&*+=~`|",
+             "é ü ñ ß ø å", "日本語中文한국어", "🤖👍🏽🎉🧪🇫🇷", "e\u0301 a\u0308", "\u00a0\u2003\u3000"]
+    out = ["", " ", "\n", "\t\t", "x" * 3000, "supercalifragilistic" * 40, "   leading and trailing   ", "🤖" * 50]
+    while len(out) < n:
+        parts = []
+        for _ in range(rng.randrange(1, 12)):
+            pool = rng.choice(pools)
+            parts.append("".join(rng.choice(pool) for _ in range(rng.choice([1, 2, 5, 20, 200]))))
+        out.append("".join(parts))
+    return out[:n]

@@ -1,19 +1,25 @@
 """TensorRT engines from an artifact: the build plan (precision, files, shapes, settings), the
-equivalent ``trtexec`` command line, and the build itself (TensorRT 10/11 Python API, imported
-lazily). The engine records, shapes and keys the runner also reads live in artifact/engines.py.
+equivalent ``trtexec`` command line, and the build itself through Polygraphy's TensorRT loaders
+(``NetworkFromOnnxPath`` -> ``CreateConfig`` with the optimization profile and timing cache ->
+``EngineBytesFromNetwork``; Polygraphy and TensorRT imported lazily). Our code keeps the engine
+records and keys, the lock, and the atomic writes of plans and timing cache. The engine records,
+shapes and keys the runner also reads live in artifact/engines.py.
 
     plan_engines(folder, manifest, profile)    what would be built: precision, files, shapes, settings, trtexec
     build_engines(folder, manifest, plan)      builds engines/<profile>/{prefill,verify}.plan unless up to date
     check_engine_targets(folder, built, wanted, cache)   refuses to replace files it did not write
 
-Verified here: the pure parts (shapes, settings, key, staleness, command) by unit tests. The build
-and the runner need a GPU with TensorRT; tests/gpu/check_trt.py holds that check (not yet run on
-hardware).
+Verified here: the pure parts (shapes, settings, key, staleness, command) and the Polygraphy loader
+chain as constructed (profile, config arguments, network flags; Polygraphy installs without
+TensorRT) by unit tests. Calling the chain needs a GPU with TensorRT; tests/gpu/check_trt.py holds
+that check (not yet run on hardware).
 """
 from __future__ import annotations
 
+import io
 import os
 from pathlib import Path
+from typing import NamedTuple
 
 from ..artifact.engines import (
     GRAPHS,
@@ -113,6 +119,7 @@ def build_engines(folder: str | Path, manifest: dict, plan: dict, force: bool = 
     """Build the planned engines unless the manifest records up-to-date ones (same key); record
     the new key. Returns {"built": bool, "record": ..., "reasons": why it (re)built}."""
     trt = import_tensorrt()
+    import_polygraphy()                       # both missing-package errors before anything else
     folder = Path(folder)
     cc = device_compute_capability()
     wanted = engine_record(manifest, plan["profile"], plan["precision"], plan["_shapes"], plan["settings"],
@@ -133,41 +140,78 @@ def build_engines(folder: str | Path, manifest: dict, plan: dict, force: bool = 
             for g in GRAPHS:
                 log(f"building {g} engine ({'; '.join(why)}) ...")
                 build_engine(folder / plan["_files"][g], folder / wanted["graphs"][g]["plan"], plan["_shapes"][g],
-                             plan["settings"]["workspace_mb"], plan["settings"]["opt_level"], timing_cache,
-                             hardware_compatibility=plan["settings"]["hardware_compatibility"])
+                             plan["settings"], timing_cache)
             record_engines(folder, plan["profile"], wanted)
         except OSError as e:
             raise UserError(f"{e.filename or folder}: cannot write engines there ({e.strerror})") from None
     return {"built": True, "record": wanted, "reasons": why}
 
 
-def build_engine(onnx_path: Path, engine_path: Path, shapes: dict[str, Shapes], workspace_mb: int, opt_level: int,
-                 timing_cache: Path, hardware_compatibility: str = "none") -> None:  # pragma: no cover - GPU + TensorRT
-    trt = import_tensorrt()
-    logger = trt.Logger(trt.Logger.WARNING)
-    builder = trt.Builder(logger)
-    # strongly typed: precision comes from the graph (the artifact's fp16 / fp32 variant), not flags
-    network = builder.create_network(1 << int(trt.NetworkDefinitionCreationFlag.STRONGLY_TYPED))
-    parser = trt.OnnxParser(network, logger)
-    if not parser.parse_from_file(str(onnx_path)):
-        errs = "; ".join(str(parser.get_error(i)) for i in range(parser.num_errors))
-        raise UserError(f"{onnx_path}: TensorRT could not parse the graph ({errs[:300]})")
-    config = builder.create_builder_config()
-    config.set_memory_pool_limit(trt.MemoryPoolType.WORKSPACE, workspace_mb << 20)
-    config.builder_optimization_level = opt_level
-    if hasattr(trt.BuilderFlag, "TF32"):   # an fp32 graph means fp32 math (TF32 is on by default)
-        config.clear_flag(trt.BuilderFlag.TF32)
-    if hardware_compatibility != "none":
-        config.hardware_compatibility_level = getattr(trt.HardwareCompatibilityLevel, HW_COMPAT[hardware_compatibility][1])
-    cache = config.create_timing_cache(timing_cache.read_bytes() if timing_cache.exists() else b"")
-    config.set_timing_cache(cache, ignore_mismatch=False)
-    prof = builder.create_optimization_profile()
+def import_polygraphy():
+    """Polygraphy's TensorRT loaders (``polygraphy.backend.trt``), or a one-line error. Polygraphy
+    imports tensorrt lazily: constructing the loaders works without it, calling them needs it."""
+    try:
+        from polygraphy.backend import trt as pg
+    except ImportError:
+        raise UserError("Polygraphy is not installed: engines are built through its TensorRT loaders "
+                        "(pip install 'dllm-deploy[trt]')") from None
+    return pg
+
+
+def optimization_profile(pg, shapes: dict[str, Shapes]):
+    """The one Polygraphy ``Profile`` of an engine: min / opt / max of every dynamic input."""
+    prof = pg.Profile()
     for name, s in shapes.items():
-        prof.set_shape(name, s.min, s.opt, s.max)
-    config.add_optimization_profile(prof)
-    plan = builder.build_serialized_network(network, config)
-    if plan is None:
-        raise UserError(f"{onnx_path}: TensorRT failed to build an engine (see the log above)")
+        prof.add(name, s.min, s.opt, s.max)
+    return prof
+
+
+def config_arguments(pg, shapes: dict[str, Shapes], settings: dict, timing_cache: bytes, enum) -> dict:
+    """``CreateConfig``'s arguments. ``enum(kind, member)`` names a TensorRT enum member (e.g.
+    ``MemoryPoolType.WORKSPACE``); the build passes the real ones. TF32 stays off so an fp32 graph
+    computes in fp32 (the network is strongly typed: precision comes from the graph). The timing
+    cache is read from memory so the file is replaced only by an atomic write after the build."""
+    args = {"tf32": False, "profiles": [optimization_profile(pg, shapes)],
+            "memory_pool_limits": {enum("MemoryPoolType", "WORKSPACE"): settings["workspace_mb"] << 20},
+            "builder_optimization_level": settings["opt_level"], "load_timing_cache": io.BytesIO(timing_cache)}
+    if settings["hardware_compatibility"] != "none":
+        args["hardware_compatibility_level"] = enum("HardwareCompatibilityLevel",
+                                                    HW_COMPAT[settings["hardware_compatibility"]][1])
+    return args
+
+
+class EngineLoaders(NamedTuple):
+    """Polygraphy's loader chain for one engine: ONNX file -> network -> config -> serialized plan."""
+    network: object
+    config: object
+    engine: object
+
+
+def engine_loaders(pg, onnx_path: Path, shapes: dict[str, Shapes], settings: dict, timing_cache: bytes,
+                   saved_cache: io.BytesIO, enum) -> EngineLoaders:
+    """The chain ``build_engine`` calls: the network parsed from the file (so external weights
+    resolve beside it), strongly typed; the config; the engine bytes, with the updated timing
+    cache written into ``saved_cache``."""
+    network = pg.NetworkFromOnnxPath(str(onnx_path), strongly_typed=True)
+    config = pg.CreateConfig(**config_arguments(pg, shapes, settings, timing_cache, enum))
+    return EngineLoaders(network, config, pg.EngineBytesFromNetwork(network, config=config, save_timing_cache=saved_cache))
+
+
+def build_engine(onnx_path: Path, engine_path: Path, shapes: dict[str, Shapes], settings: dict,
+                 timing_cache: Path) -> None:  # pragma: no cover - GPU + TensorRT
+    """Build one engine through Polygraphy; write the plan and the timing cache atomically."""
+    trt = import_tensorrt()
+    pg = import_polygraphy()
+    from polygraphy.exception import PolygraphyException
+    saved = io.BytesIO()
+    loaders = engine_loaders(pg, onnx_path, shapes, settings,
+                             timing_cache.read_bytes() if timing_cache.exists() else b"", saved,
+                             enum=lambda kind, member: getattr(getattr(trt, kind), member))
+    try:
+        plan = loaders.engine()
+    except PolygraphyException as e:
+        raise UserError(f"{onnx_path}: TensorRT could not build an engine ({' '.join(str(e).split())[:300]})") from None
     engine_path.parent.mkdir(parents=True, exist_ok=True)
     atomic_write(engine_path, bytes(plan))
-    atomic_write(timing_cache, bytes(config.get_timing_cache().serialize()))
+    if saved.getvalue():
+        atomic_write(timing_cache, saved.getvalue())

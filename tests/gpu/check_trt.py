@@ -12,7 +12,9 @@
 4. fakes a stale engine record (another TensorRT version): loading must fail with a one-line
    "rebuild" error, not a crash inside TensorRT.
 
-Exits 0 with a message where there is no CUDA device or no TensorRT; 1 when a check fails.
+Its last line, ``summary: ...``, is the row tests/gpu/run_all.sh prints.
+Exits 0 with a message where there is no CUDA device, no TensorRT or no Polygraphy (the engine
+builder's loaders); 1 when a check fails.
 Short: the tiny model's engines build in about a minute; the whole check in under 5 minutes.
 """
 from __future__ import annotations
@@ -35,6 +37,8 @@ def main() -> int:
     try:
         import tensorrt
         import torch
+
+        import polygraphy  # noqa: F401 -- build-engines builds through its loaders
     except ImportError as e:
         print(f"skipped: {e.name} is not installed")
         return 0
@@ -112,6 +116,9 @@ def main() -> int:
         manifest.write_text(saved)
     print(json.dumps({"device": torch.cuda.get_device_name(0), "tensorrt": tensorrt.__version__, "profile": prof.name,
                       "rows": rows, "ok": ok}))
+    print(f"summary: TensorRT {tensorrt.__version__}, profile {prof.name}: "
+          + "; ".join(f"{r['config']} TRT == ORT {r['identical']}/{r['prompts']}, {r['tokens_per_s']:.0f} tok/s" for r in rows)
+          + ("" if ok else " -- FAILED (see the log)"))
     return 0 if ok else 1
 
 
