@@ -91,8 +91,9 @@ class Server:
 
 
 @pytest.fixture(scope="session")
-def server(tiny_artifact):
-    artifact, _ = tiny_artifact
+def server(request):
+    serving_python()                    # skip before the artifact is exported when serving can't run here
+    artifact, _ = request.getfixturevalue("tiny_artifact")
     s = Server(artifact, ["--max-batch-size", "4", "--max-queue", "32"])
     yield s
     s.stop()
