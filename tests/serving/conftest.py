@@ -1,7 +1,6 @@
 """One real server for the serving tests: `dllm-deploy serve` over the tiny artifact on free
-loopback ports, in a subprocess of an interpreter whose numpy is < 2 (nvidia-pytriton's Python
-backend stub crashes on BYTES tensors under numpy 2). DLLM_SERVE_PYTHON names such an
-interpreter when this one has numpy 2; without one the tests skip and say why."""
+loopback ports, in a subprocess of this interpreter. Where serving cannot run (no nvidia-pytriton,
+glibc < 2.35, numpy 2: the Python backend stub crashes on BYTES tensors) the tests skip and say why."""
 from __future__ import annotations
 
 import os
@@ -40,13 +39,9 @@ def serving_python() -> str:
     if libc != "glibc" or tuple(int(x) for x in version.split(".")[:2]) < (2, 35):
         pytest.skip(f"the bundled tritonserver needs glibc >= 2.35 (have {libc} {version})")
     import numpy
-    if int(numpy.__version__.split(".")[0]) < 2:
-        return sys.executable
-    python = os.environ.get("DLLM_SERVE_PYTHON")
-    if not python:
-        pytest.skip(f"numpy {numpy.__version__} here: the Triton Python backend stub needs numpy<2; "
-                    "set DLLM_SERVE_PYTHON to an interpreter with numpy<2 and these packages")
-    return python
+    if int(numpy.__version__.split(".")[0]) >= 2:
+        pytest.skip(f"numpy {numpy.__version__} here: the Triton Python backend stub needs numpy<2 (pip install 'numpy<2')")
+    return sys.executable
 
 
 def wait_ready(url: str, proc: subprocess.Popen, timeout: float = 90) -> None:
