@@ -353,6 +353,45 @@ def cmd_build_engines(a) -> int:
     return 0
 
 
+def _serve_defaults(a, rt) -> tuple[dict, object]:
+    """The decode options every request starts from (the flags set; gen_length fixed: every batch
+    decodes the same canvas, whatever its rows' max_tokens) and their DecodeConfig. serve and
+    loadtest (for its offline references) both read them from the same flags."""
+    defaults = {k: v for k, v in _decode_kwargs(a).items() if v is not None}
+    cfg = rt.decode_config(**defaults)
+    return {**defaults, "gen_length": cfg.gen_length}, cfg
+
+
+def cmd_loadtest(a) -> int:
+    from .artifact.fsio import atomic_write
+    from .serving import loadtest as lt
+    host, port = lt.check_url(a.url)
+    levels = _csv(a.concurrency, int)
+    if not levels or not all(1 <= c <= 256 for c in levels):
+        raise UserError(f"--concurrency {a.concurrency}: expected numbers in 1..256")
+    if not 1 <= a.requests <= lt.MAX_REQUESTS:
+        raise UserError(f"--requests {a.requests}: expected 1..{lt.MAX_REQUESTS}")
+    if not a.artifact:
+        raise UserError("--artifact: the artifact the server serves (the offline references come from it)")
+    lt.wait_ready(host, port, timeout=a.timeout)
+    rt = _runtime(a)
+    defaults, _ = _serve_defaults(a, rt)
+    progress = _progress(a.requests, "offline references", enabled=sys.stderr.isatty())
+    requests = lt.specs(a.requests, defaults, sampling=rt.backend.sample_pool is not None)
+    refs = lt.references(rt, requests, defaults, log=lambda msg: progress())
+    levels_out = lt.loadtest(host, port, requests, refs, levels, a.stream, a.timeout, a.time_limit,
+                             log=lambda msg: print(f"dllm-deploy: {msg}", file=sys.stderr, flush=True))
+    print(lt.table(levels_out))
+    ok = all(lt.passed(lv) for lv in levels_out)
+    if a.json:
+        atomic_write(a.json, json.dumps({"url": a.url, "stream": a.stream, "decode": defaults, "passed": ok,
+                                         "levels": levels_out}, indent=2) + "\n")
+    if not ok:
+        print("dllm-deploy: loadtest failed: lost or corrupted responses (see the table; corrupted answers differ from "
+              "offline generate: give loadtest the decode flags serve runs with)", file=sys.stderr)
+    return 0 if ok else 1
+
+
 def cmd_serve(a) -> int:
     from .runtime.api import decode_config
     from .serving.contract import Limits
@@ -367,8 +406,7 @@ def cmd_serve(a) -> int:
     check_environment()
     check_ports(a.host, ports)
     rt = _runtime(a)
-    cfg = rt.decode_config(**defaults)
-    defaults["gen_length"] = cfg.gen_length       # every batch decodes the same canvas, whatever its rows' max_tokens
+    defaults, cfg = _serve_defaults(a, rt)
     canvas = -(-cfg.gen_length // cfg.block_length) * cfg.block_length
     limits = Limits(max_prompt_tokens=a.max_prompt_tokens or rt.config.max_seq - canvas, max_tokens=cfg.gen_length,
                     max_beam_width=rt.decoder.max_beam_width or cfg.beam_width, max_queue=a.max_queue)
@@ -482,6 +520,17 @@ def build_parser() -> argparse.ArgumentParser:
     sv.add_argument("--max-prompt-tokens", type=int, default=None,
                     help="longest prompt (default: the model's max_seq less the generated canvas)")
     sv.set_defaults(func=cmd_serve)
+
+    lt = sub.add_parser("loadtest", help="load a running serve (loopback) and check every answer against offline generate")
+    _add_decode_flags(lt, json_flag=False)
+    lt.add_argument("--url", required=True, help="the server's HTTP endpoint, http://127.0.0.1:PORT (loopback only)")
+    lt.add_argument("--concurrency", default="1,2,4,8,16,32", help="comma-separated client counts, one level each")
+    lt.add_argument("--requests", type=int, default=32, help="requests per level (the same ones at every level)")
+    lt.add_argument("--stream", action="store_true", help="stream (dllm_stream /generate_stream) and time the first token")
+    lt.add_argument("--timeout", type=float, default=120.0, help="seconds one request may take")
+    lt.add_argument("--time-limit", type=float, default=600.0, help="no request starts after this many seconds")
+    lt.add_argument("--json", default=None, help="write the levels as JSON to this file")
+    lt.set_defaults(func=cmd_loadtest)
 
     d = sub.add_parser("demo", help="the main job on the bundled tiny model, printing the figures")
     d.add_argument("--out", default="build/demo", help="where the demo writes its artifact")
