@@ -14,17 +14,21 @@ from __future__ import annotations
 import asyncio
 import os
 import queue
+import re
 import shutil
 import signal
 import socket
+import subprocess
 import sys
 import sysconfig
 import tempfile
+import threading
 import time
 from pathlib import Path
 
 from ..errors import UserError
 from .contract import INPUTS, OUTPUTS, BadRequest, Limits, check_with_runtime, parse_request, response
+from .reaper import start_time
 from .scheduler import Scheduler
 
 PLAIN, STREAM = "dllm", "dllm_stream"
@@ -158,24 +162,66 @@ def _tensors():
             [Tensor(name=n, dtype=dtype(d), shape=shape) for n, d, shape in OUTPUTS])
 
 
-def serve(runtime, host: str, ports: dict, limits: Limits, defaults: dict, instances: int,
-          log=lambda msg: print(msg, file=sys.stderr, flush=True)) -> None:
-    """Serve until SIGINT/SIGTERM (raised in this thread by the CLI) or until tritonserver dies;
-    then tear tritonserver and its stubs down and remove the workspace."""
-    check_environment()
-    check_ports(host, ports)
-    from pytriton.model_config import ModelConfig
-    from pytriton.triton import Triton, TritonConfig
+STARTS = 3          # tries at starting tritonserver (PyTriton's instance handshake race, below)
 
-    _with_libdir(os.environ)
-    scratch = Path(tempfile.mkdtemp(prefix="dllm-serve-"))
-    scheduler = Scheduler(runtime, max_batch=instances, max_queue=limits.max_queue)
-    handlers = Handlers(runtime, scheduler, limits, defaults)
-    config = TritonConfig(http_address=host, http_port=ports["--http-port"], grpc_address=host,
-                          grpc_port=ports["--grpc-port"], metrics_address=host, metrics_port=ports["--metrics-port"],
-                          exit_timeout_secs=3, log_verbose=0)
-    triton = Triton(config=config, workspace=scratch / "pytriton")
-    server_tree: list[int] = []
+
+_MODEL_COPY = re.compile(r"(/tmp/folder[A-Za-z0-9]{6})/\d+/model\.py")
+
+
+def _model_copies(pids: list[int]) -> list[str]:
+    """The folders tritonserver copies a model's repository into (``/tmp/folderXXXXXX``, named
+    on its Python backend stubs' command lines): a killed tritonserver leaves them behind."""
+    out = set()
+    for p in pids:
+        try:
+            argv = Path(f"/proc/{p}/cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if len(argv) > 1 and argv[0].endswith(b"triton_python_backend_stub"):
+            if m := _MODEL_COPY.fullmatch(argv[1].decode(errors="replace")):
+                out.add(m.group(1))
+    return sorted(out)
+
+
+class Reaper:
+    """serve's side of reaper.py: starts the watchdog and keeps it told of this process's tree, so
+    that tritonserver, its stubs and the scratch folder go when serve goes, SIGKILL included."""
+
+    def __init__(self, scratch: Path):
+        from . import reaper
+        self.proc = subprocess.Popen([sys.executable, "-I", reaper.__file__, str(scratch)], stdin=subprocess.PIPE,
+                                     text=True, start_new_session=True)
+        self._sent, self._stop = None, threading.Event()
+        self._thread = threading.Thread(target=self._watch, name="dllm-reaper", daemon=True)
+        self._thread.start()
+
+    def tree(self) -> list[int]:
+        """This process's descendants but the watchdog."""
+        return [p for p in _descendants(os.getpid()) if p != self.proc.pid]
+
+    def _watch(self) -> None:
+        while not self._stop.wait(0.25):
+            tree = self.tree()
+            listed = " ".join([f"{p}:{t}" for p in tree if (t := start_time(p))] + _model_copies(tree))
+            if listed != self._sent:
+                self.proc.stdin.write(listed + "\n")
+                self.proc.stdin.flush()
+                self._sent = listed
+
+    def close(self) -> None:
+        """Close the pipe: the watchdog kills what is left of the tree and exits."""
+        self._stop.set()
+        self._thread.join()
+        self.proc.stdin.close()
+        self.proc.wait(timeout=30)
+
+
+def _start(handlers: Handlers, config, workspace: Path, instances: int):
+    """A running Triton with both models bound, or the start's exception (nothing left running)."""
+    from pytriton.model_config import ModelConfig
+    from pytriton.triton import Triton
+
+    triton = Triton(config=config, workspace=workspace)
     try:
         inputs, outputs = _tensors()
         triton.bind(PLAIN, [handlers.plain] * instances, inputs=inputs, outputs=outputs,
@@ -183,7 +229,43 @@ def serve(runtime, host: str, ports: dict, limits: Limits, defaults: dict, insta
         triton.bind(STREAM, handlers.stream, inputs=inputs, outputs=outputs,
                     config=ModelConfig(batching=False, decoupled=True))
         triton.run()
-        server_tree = _descendants(os.getpid())
+        return triton
+    except BaseException:
+        triton.stop()
+        raise
+
+
+def serve(runtime, host: str, ports: dict, limits: Limits, defaults: dict, instances: int,
+          log=lambda msg: print(msg, file=sys.stderr, flush=True)) -> None:
+    """Serve until SIGINT/SIGTERM (raised in this thread by the CLI) or until tritonserver dies;
+    then tear tritonserver and its stubs down and remove the workspace. A watchdog (Reaper) does
+    the same if this process is killed outright."""
+    check_environment()
+    check_ports(host, ports)
+    from pytriton.triton import TritonConfig
+
+    _with_libdir(os.environ)
+    scratch = Path(tempfile.mkdtemp(prefix="dllm-serve-"))
+    reaper = Reaper(scratch)
+    scheduler = Scheduler(runtime, max_batch=instances, max_queue=limits.max_queue)
+    handlers = Handlers(runtime, scheduler, limits, defaults)
+    config = TritonConfig(http_address=host, http_port=ports["--http-port"], grpc_address=host,
+                          grpc_port=ports["--grpc-port"], metrics_address=host, metrics_port=ports["--metrics-port"],
+                          exit_timeout_secs=3, log_verbose=0)
+    triton = None
+    try:
+        for attempt in range(1, STARTS + 1):
+            try:
+                triton = _start(handlers, config, scratch / f"pytriton-{attempt}", instances)
+                break
+            except Exception as e:
+                # the first instance of a model serves its config on a unix socket the others connect
+                # to once the socket file exists, not retrying a refused connection: under load one
+                # may connect between the server's bind and listen and the model fails to load
+                if "handshake" not in str(e) or attempt == STARTS:
+                    raise
+                _kill(reaper.tree())
+                log(f"dllm-deploy: tritonserver start {attempt} failed (PyTriton's instance handshake); starting again")
         log(f"dllm-deploy: serving models {PLAIN} and {STREAM}: http://{host}:{ports['--http-port']} "
             f"grpc {host}:{ports['--grpc-port']} metrics http://{host}:{ports['--metrics-port']}/metrics "
             f"(batch up to {instances}, queue up to {limits.max_queue})")
@@ -192,9 +274,9 @@ def serve(runtime, host: str, ports: dict, limits: Limits, defaults: dict, insta
         raise UserError("tritonserver exited; see its log above")
     finally:
         scheduler.close()
-        server_tree = server_tree or _descendants(os.getpid())
         try:
-            triton.stop()
+            if triton is not None:
+                triton.stop()
         finally:
-            _kill([p for p in server_tree if p != os.getpid()])
+            reaper.close()
             shutil.rmtree(scratch, ignore_errors=True)
