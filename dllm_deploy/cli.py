@@ -393,30 +393,59 @@ def cmd_loadtest(a) -> int:
 
 
 def cmd_serve(a) -> int:
-    from .runtime.api import decode_config
-    from .serving.contract import Limits
     from .serving.server import check_environment, check_ports, serve
-    for flag, value in (("--max-batch-size", a.max_batch_size), ("--max-queue", a.max_queue),
-                        ("--max-prompt-tokens", a.max_prompt_tokens or 1)):
-        if value < 1:
-            raise UserError(f"{flag} must be >= 1 (got {value})")
-    defaults = {k: v for k, v in _decode_kwargs(a).items() if v is not None}
-    decode_config(**defaults)                     # bad options fail before a model is loaded
+    _check_serve_flags(a)
     ports = {"--http-port": a.http_port, "--grpc-port": a.grpc_port, "--metrics-port": a.metrics_port}
     check_environment()
     check_ports(a.host, ports)
     rt = _runtime(a)
+    defaults, limits = _serve_limits(a, rt)
+    serve(rt, a.host, ports, limits, defaults, instances=a.max_batch_size)
+    return 0
+
+
+def _check_serve_flags(a) -> None:
+    for flag, value in (("--max-batch-size", a.max_batch_size), ("--max-queue", a.max_queue),
+                        ("--max-prompt-tokens", a.max_prompt_tokens or 1)):
+        if value < 1:
+            raise UserError(f"{flag} must be >= 1 (got {value})")
+    from .runtime.api import decode_config
+    decode_config(**{k: v for k, v in _decode_kwargs(a).items() if v is not None})   # before a model loads
+
+
+def _serve_limits(a, rt):
+    """The request defaults and the Limits a server (serve, or a triton-repo model) enforces."""
+    from .serving.contract import Limits
     defaults, cfg = _serve_defaults(a, rt)
     canvas = -(-cfg.gen_length // cfg.block_length) * cfg.block_length
-    limits = Limits(max_prompt_tokens=a.max_prompt_tokens or rt.config.max_seq - canvas, max_tokens=cfg.gen_length,
-                    max_beam_width=rt.decoder.max_beam_width or cfg.beam_width, max_queue=a.max_queue)
-    serve(rt, a.host, ports, limits, defaults, instances=a.max_batch_size)
+    return defaults, Limits(max_prompt_tokens=a.max_prompt_tokens or rt.config.max_seq - canvas,
+                            max_tokens=cfg.gen_length, max_beam_width=rt.decoder.max_beam_width or cfg.beam_width,
+                            max_queue=a.max_queue)
+
+
+def cmd_triton_repo(a) -> int:
+    from .serving.repo import write_repo
+    _check_serve_flags(a)
+    if not a.artifact:
+        raise UserError("--artifact: the artifact the repository's models serve")
+    rt = _runtime(a)
+    defaults, limits = _serve_limits(a, rt)
+    out = write_repo(a.out, a.artifact, rt.profile, defaults, limits, a.max_batch_size, force=a.force)
+    print(f"Triton model repository written to {out} (models dllm, dllm_stream; profile {rt.profile.name}): "
+          f"tritonserver --model-repository {out}")
     return 0
 
 
 def cmd_demo(a) -> int:
     from .demo import run_demo
     return run_demo(json_out=a.json, out_dir=a.out)
+
+
+def _add_limit_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--max-batch-size", type=int, default=8, help="requests decoded together (and dllm's instances)")
+    p.add_argument("--max-queue", type=int, default=64, help="requests queued or decoding; more are refused")
+    p.add_argument("--max-prompt-tokens", type=int, default=None,
+                   help="longest prompt (default: the model's max_seq less the generated canvas)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -515,11 +544,15 @@ def build_parser() -> argparse.ArgumentParser:
     sv.add_argument("--http-port", type=int, default=8000)
     sv.add_argument("--grpc-port", type=int, default=8001)
     sv.add_argument("--metrics-port", type=int, default=8002)
-    sv.add_argument("--max-batch-size", type=int, default=8, help="requests decoded together (and dllm's instances)")
-    sv.add_argument("--max-queue", type=int, default=64, help="requests queued or decoding; more are refused")
-    sv.add_argument("--max-prompt-tokens", type=int, default=None,
-                    help="longest prompt (default: the model's max_seq less the generated canvas)")
+    _add_limit_flags(sv)
     sv.set_defaults(func=cmd_serve)
+
+    tr = sub.add_parser("triton-repo", help="write a Triton model repository for a stock tritonserver (docs/serving.md)")
+    _add_decode_flags(tr, json_flag=False)
+    tr.add_argument("--out", required=True, help="the repository folder to write (refused if it holds anything else)")
+    tr.add_argument("--force", action="store_true", help="replace a repository this command wrote before")
+    _add_limit_flags(tr)
+    tr.set_defaults(func=cmd_triton_repo)
 
     lt = sub.add_parser("loadtest", help="load a running serve (loopback) and check every answer against offline generate")
     _add_decode_flags(lt, json_flag=False)

@@ -113,7 +113,7 @@ class Handlers:
                 raise BadRequest(f"stream: model {PLAIN} answers once; stream from model {STREAM}")
             box: queue.Queue = queue.Queue()
             self.scheduler.submit(request, box.put)
-            out.append(_collect(iter(box.get, None)))
+            out.append(collect(iter(box.get, None)))
         return out
 
     async def stream(self, requests: list):
@@ -135,10 +135,10 @@ class Handlers:
                 if chunk["finish_reason"] is not None:
                     break
             if not request.stream:
-                yield [_collect(iter(chunks))]
+                yield [collect(iter(chunks))]
 
 
-def _collect(chunks) -> dict:
+def collect(chunks) -> dict:
     """One whole response from a row's chunks (concatenated deltas and ids, the last counts)."""
     text, ids = [], []
     for chunk in chunks:

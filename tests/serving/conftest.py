@@ -59,15 +59,20 @@ def wait_ready(url: str, proc: subprocess.Popen, timeout: float = 90) -> None:
 
 
 class Server:
-    def __init__(self, artifact: Path, extra: list[str] = ()):
+    """`dllm-deploy serve` over ``artifact`` (or, with ``command``, any server taking the three
+    ports from ``command(http, grpc, metrics)``) on free loopback ports, ready."""
+
+    def __init__(self, artifact: Path, extra: list[str] = (), command=None, env: dict | None = None):
         self.http, self.grpc, self.metrics = free_ports(3)
         self.url = f"http://127.0.0.1:{self.http}"
-        env = {**os.environ, "PYTHONPATH": str(ROOT)}
-        self.proc = subprocess.Popen(
-            [serving_python(), "-m", "dllm_deploy.cli", "serve", "--artifact", str(artifact),
-             "--gen-length", str(GEN_LENGTH), "--http-port", str(self.http), "--grpc-port", str(self.grpc),
-             "--metrics-port", str(self.metrics), *extra],
-            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True)
+        if command is None:
+            command = lambda http, grpc, metrics: [  # noqa: E731
+                serving_python(), "-m", "dllm_deploy.cli", "serve", "--artifact", str(artifact),
+                "--gen-length", str(GEN_LENGTH), "--http-port", str(http), "--grpc-port", str(grpc),
+                "--metrics-port", str(metrics), *extra]
+        self.proc = subprocess.Popen(command(self.http, self.grpc, self.metrics),
+                                     env=env or {**os.environ, "PYTHONPATH": str(ROOT)}, stdout=subprocess.DEVNULL,
+                                     stderr=subprocess.PIPE, text=True, start_new_session=True)
         try:
             wait_ready(self.url, self.proc)
         except BaseException:
