@@ -405,12 +405,13 @@ def cmd_serve(a) -> int:
 
 
 def _check_serve_flags(a) -> None:
+    """serve's and triton-repo's limit flags and decode flags, checked before a model loads."""
     for flag, value in (("--max-batch-size", a.max_batch_size), ("--max-queue", a.max_queue),
                         ("--max-prompt-tokens", a.max_prompt_tokens or 1)):
         if value < 1:
             raise UserError(f"{flag} must be >= 1 (got {value})")
     from .runtime.api import decode_config
-    decode_config(**{k: v for k, v in _decode_kwargs(a).items() if v is not None})   # before a model loads
+    decode_config(**{k: v for k, v in _decode_kwargs(a).items() if v is not None})
 
 
 def _serve_limits(a, rt):
