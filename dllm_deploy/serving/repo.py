@@ -72,6 +72,7 @@ def write_repo(out: str | Path, artifact: str | Path, profile, defaults: dict, l
     params = {"artifact": str(artifact), "profile": profile.name, "defaults": json.dumps(defaults),
               "limits": json.dumps(limits.__dict__), "max_batch": str(max_batch)}
     model_py = (Path(__file__).parent / "triton_model.py").read_text()
+    _check_target(out, force)                 # a refused folder gets no lock file beside it either
     with lock_target(out):
         clean_stale(out)
         _check_target(out, force)

@@ -75,6 +75,7 @@ def test_repo_layout_and_refusals(tiny_artifact, tmp_path, capsys):
     (mine / "notes.txt").write_text("keep")
     assert main(["triton-repo", "--artifact", str(tiny_artifact[0]), "--out", str(mine), "--force"]) == 2
     assert "did not write" in capsys.readouterr().err and (mine / "notes.txt").read_text() == "keep"
+    assert not (tmp_path / ".mine.lock").exists()
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".") and "tmp" in p.name] == []
 
 
