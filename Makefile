@@ -9,7 +9,7 @@ STAMP  := $(VENV)/.installed
 $(STAMP): pyproject.toml constraints-cpu.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -c constraints-cpu.txt -e '.[export,dev]'
+	$(PY) -m pip install -q -c constraints-cpu.txt -e '.[export,dev,serve]'
 	touch $(STAMP)
 
 demo: $(STAMP)

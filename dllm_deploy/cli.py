@@ -43,7 +43,7 @@ _FLAG_TYPES = {"int": int, "float": float, "str": str, "bool": _bool_flag}
 _FLAG_OPTIONS = [o for o in OPTIONS.values() if o.runtime and o.flag]    # decode_options.json
 
 
-def _add_decode_flags(p: argparse.ArgumentParser) -> None:
+def _add_decode_flags(p: argparse.ArgumentParser, json_flag: bool = True) -> None:
     src = p.add_mutually_exclusive_group()
     src.add_argument("--model", default=None, help="'tiny' (bundled) or a Hugging Face folder; runs on torch")
     src.add_argument("--artifact", default=None, help="an exported artifact folder; runs on ONNX Runtime")
@@ -52,7 +52,8 @@ def _add_decode_flags(p: argparse.ArgumentParser) -> None:
     for o in _FLAG_OPTIONS:
         p.add_argument(o.flag, dest=o.name, type=_FLAG_TYPES[o.type], default=None, help=o.help_text(profiles=True),
                        action="append" if o.multiple else "store")
-    p.add_argument("--json", action="store_true", help="machine-readable output")
+    if json_flag:
+        p.add_argument("--json", action="store_true", help="machine-readable output")
 
 
 def _decode_kwargs(a) -> dict:
@@ -352,9 +353,100 @@ def cmd_build_engines(a) -> int:
     return 0
 
 
+def _serve_defaults(a, rt) -> tuple[dict, object]:
+    """The decode options every request starts from (the flags set; gen_length fixed: every batch
+    decodes the same canvas, whatever its rows' max_tokens) and their DecodeConfig. serve and
+    loadtest (for its offline references) both read them from the same flags."""
+    defaults = {k: v for k, v in _decode_kwargs(a).items() if v is not None}
+    cfg = rt.decode_config(**defaults)
+    return {**defaults, "gen_length": cfg.gen_length}, cfg
+
+
+def cmd_loadtest(a) -> int:
+    from .artifact.fsio import atomic_write
+    from .serving import loadtest as lt
+    host, port = lt.check_url(a.url)
+    levels = _csv(a.concurrency, int)
+    if not levels or not all(1 <= c <= 256 for c in levels):
+        raise UserError(f"--concurrency {a.concurrency}: expected numbers in 1..256")
+    if not 1 <= a.requests <= lt.MAX_REQUESTS:
+        raise UserError(f"--requests {a.requests}: expected 1..{lt.MAX_REQUESTS}")
+    if not a.artifact:
+        raise UserError("--artifact: the artifact the server serves (the offline references come from it)")
+    lt.wait_ready(host, port, timeout=a.timeout)
+    rt = _runtime(a)
+    defaults, _ = _serve_defaults(a, rt)
+    progress = _progress(a.requests, "offline references", enabled=sys.stderr.isatty())
+    requests = lt.specs(a.requests, defaults, sampling=rt.backend.sample_pool is not None)
+    refs = lt.references(rt, requests, defaults, log=lambda msg: progress())
+    levels_out = lt.loadtest(host, port, requests, refs, levels, a.stream, a.timeout, a.time_limit,
+                             log=lambda msg: print(f"dllm-deploy: {msg}", file=sys.stderr, flush=True))
+    print(lt.table(levels_out))
+    ok = all(lt.passed(lv) for lv in levels_out)
+    if a.json:
+        atomic_write(a.json, json.dumps({"url": a.url, "stream": a.stream, "decode": defaults, "passed": ok,
+                                         "levels": levels_out}, indent=2) + "\n")
+    if not ok:
+        print("dllm-deploy: loadtest failed: lost or corrupted responses (see the table; corrupted answers differ from "
+              "offline generate: give loadtest the decode flags serve runs with)", file=sys.stderr)
+    return 0 if ok else 1
+
+
+def cmd_serve(a) -> int:
+    from .serving.server import check_environment, check_ports, serve
+    _check_serve_flags(a)
+    ports = {"--http-port": a.http_port, "--grpc-port": a.grpc_port, "--metrics-port": a.metrics_port}
+    check_environment()
+    check_ports(a.host, ports)
+    rt = _runtime(a)
+    defaults, limits = _serve_limits(a, rt)
+    serve(rt, a.host, ports, limits, defaults, instances=a.max_batch_size)
+    return 0
+
+
+def _check_serve_flags(a) -> None:
+    """serve's and triton-repo's limit flags and decode flags, checked before a model loads."""
+    for flag, value in (("--max-batch-size", a.max_batch_size), ("--max-queue", a.max_queue),
+                        ("--max-prompt-tokens", a.max_prompt_tokens or 1)):
+        if value < 1:
+            raise UserError(f"{flag} must be >= 1 (got {value})")
+    from .runtime.api import decode_config
+    decode_config(**{k: v for k, v in _decode_kwargs(a).items() if v is not None})
+
+
+def _serve_limits(a, rt):
+    """The request defaults and the Limits a server (serve, or a triton-repo model) enforces."""
+    from .serving.contract import Limits
+    defaults, cfg = _serve_defaults(a, rt)
+    canvas = -(-cfg.gen_length // cfg.block_length) * cfg.block_length
+    return defaults, Limits(max_prompt_tokens=a.max_prompt_tokens or rt.config.max_seq - canvas,
+                            max_tokens=cfg.gen_length, max_beam_width=rt.decoder.max_beam_width or cfg.beam_width,
+                            max_queue=a.max_queue)
+
+
+def cmd_triton_repo(a) -> int:
+    from .serving.repo import write_repo
+    _check_serve_flags(a)
+    if not a.artifact:
+        raise UserError("--artifact: the artifact the repository's models serve")
+    rt = _runtime(a)
+    defaults, limits = _serve_limits(a, rt)
+    out = write_repo(a.out, a.artifact, rt.profile, defaults, limits, a.max_batch_size, force=a.force)
+    print(f"Triton model repository written to {out} (models dllm, dllm_stream; profile {rt.profile.name}): "
+          f"tritonserver --model-repository {out}")
+    return 0
+
+
 def cmd_demo(a) -> int:
     from .demo import run_demo
     return run_demo(json_out=a.json, out_dir=a.out)
+
+
+def _add_limit_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--max-batch-size", type=int, default=8, help="requests decoded together (and dllm's instances)")
+    p.add_argument("--max-queue", type=int, default=64, help="requests queued or decoding; more are refused")
+    p.add_argument("--max-prompt-tokens", type=int, default=None,
+                   help="longest prompt (default: the model's max_seq less the generated canvas)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -446,6 +538,33 @@ def build_parser() -> argparse.ArgumentParser:
     be.add_argument("--force", action="store_true", help="rebuild even when the recorded engines are up to date")
     be.add_argument("--json", action="store_true")
     be.set_defaults(func=cmd_build_engines)
+
+    sv = sub.add_parser("serve", help="serve the model with Triton Inference Server (docs/serving.md)")
+    _add_decode_flags(sv, json_flag=False)
+    sv.add_argument("--host", default="127.0.0.1", help="bind address (default loopback; 0.0.0.0 for every interface)")
+    sv.add_argument("--http-port", type=int, default=8000)
+    sv.add_argument("--grpc-port", type=int, default=8001)
+    sv.add_argument("--metrics-port", type=int, default=8002)
+    _add_limit_flags(sv)
+    sv.set_defaults(func=cmd_serve)
+
+    tr = sub.add_parser("triton-repo", help="write a Triton model repository for a stock tritonserver (docs/serving.md)")
+    _add_decode_flags(tr, json_flag=False)
+    tr.add_argument("--out", required=True, help="the repository folder to write (refused if it holds anything else)")
+    tr.add_argument("--force", action="store_true", help="replace a repository this command wrote before")
+    _add_limit_flags(tr)
+    tr.set_defaults(func=cmd_triton_repo)
+
+    lt = sub.add_parser("loadtest", help="load a running serve (loopback) and check every answer against offline generate")
+    _add_decode_flags(lt, json_flag=False)
+    lt.add_argument("--url", required=True, help="the server's HTTP endpoint, http://127.0.0.1:PORT (loopback only)")
+    lt.add_argument("--concurrency", default="1,2,4,8,16,32", help="comma-separated client counts, one level each")
+    lt.add_argument("--requests", type=int, default=32, help="requests per level (the same ones at every level)")
+    lt.add_argument("--stream", action="store_true", help="stream (dllm_stream /generate_stream) and time the first token")
+    lt.add_argument("--timeout", type=float, default=120.0, help="seconds one request may take")
+    lt.add_argument("--time-limit", type=float, default=600.0, help="no request starts after this many seconds")
+    lt.add_argument("--json", default=None, help="write the levels as JSON to this file")
+    lt.set_defaults(func=cmd_loadtest)
 
     d = sub.add_parser("demo", help="the main job on the bundled tiny model, printing the figures")
     d.add_argument("--out", default="build/demo", help="where the demo writes its artifact")

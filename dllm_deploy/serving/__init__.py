@@ -1,0 +1,1 @@
+"""Serving: Triton Inference Server over the runtime (docs/serving.md)."""

@@ -1,0 +1,154 @@
+"""The model's tensors (Triton's generate / TensorRT-LLM naming) and the checks a request passes.
+
+One request = one prompt (the tensors carry no batch dimension): the server batches requests
+itself (scheduler.py), so a bad request fails alone and never takes a batch's other rows with it.
+Every optional input falls back to the server's default (profile, then flags)."""
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from ..decode_rules import OPTIONS
+from ..errors import UserError
+from ..runtime.api import ROW_KEYWORDS, row_options
+from ..runtime.rows import RowOptions
+
+# (name, numpy dtype, shape, optional); BYTES tensors are numpy object arrays of bytes
+INPUTS = [
+    ("text_input", bytes, (1,), False),
+    ("max_tokens", np.int32, (1,), True),
+    ("temperature", np.float32, (1,), True),
+    ("top_p", np.float32, (1,), True),
+    ("top_k", np.int32, (1,), True),
+    ("seed", np.uint64, (1,), True),
+    ("stop_words", bytes, (-1,), True),
+    ("stream", np.bool_, (1,), True),
+    ("strategy", bytes, (1,), True),
+    ("beam_width", np.int32, (1,), True),
+    ("threshold", np.float32, (1,), True),
+]
+OUTPUTS = [
+    ("text_output", bytes, (1,)),
+    ("token_ids", np.int32, (-1,)),
+    ("forwards", np.int32, (1,)),
+    ("finish_reason", bytes, (1,)),
+]
+STRATEGIES = tuple(OPTIONS["strategy"].choices)
+
+
+class BadRequest(Exception):
+    """A request the server refuses: its message is the whole error response (PyTriton formats an
+    error with its traceback, so this exception reports none)."""
+
+    @property
+    def __traceback__(self):
+        return None
+
+    @__traceback__.setter
+    def __traceback__(self, value):
+        pass
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What one request may ask for: the prompt length, the token budget (the canvas a batch
+    decodes, gen_length) and the beam width cap; max_queue bounds the requests waiting or decoding."""
+    max_prompt_tokens: int
+    max_tokens: int
+    max_beam_width: int
+    max_queue: int
+
+
+@dataclass(frozen=True)
+class Request:
+    prompt: str
+    decode: dict          # batch options: requests with equal ones decode in one batch
+    row: RowOptions       # this request's own sampling and stopping
+    stream: bool
+
+
+def _scalar(inputs: dict, name: str):
+    """The one value of an optional input (None when absent)."""
+    if name not in inputs:
+        return None
+    values = np.asarray(inputs[name]).reshape(-1)
+    if values.size != 1:
+        raise BadRequest(f"{name}: expected one value, got {values.size}")
+    return values[0]
+
+
+def _text(value, name: str) -> str:
+    try:
+        return bytes(value).decode("utf-8")
+    except (TypeError, UnicodeDecodeError):
+        raise BadRequest(f"{name}: not UTF-8 text") from None
+
+
+def parse_request(inputs: dict, tokenizer, limits: Limits, defaults: dict) -> Request:
+    """A Request from one request's tensors, or BadRequest naming the input at fault.
+    ``defaults``: the server's decode options (strategy, beam_width, gen_length..., and the row
+    options every request starts from: temperature, seed, max_tokens, stop...)."""
+    prompt = _text(_scalar(inputs, "text_input"), "text_input")
+    n_prompt = len(tokenizer.encode(prompt))
+    if n_prompt == 0:
+        raise BadRequest("text_input: empty prompt")
+    if n_prompt > limits.max_prompt_tokens:
+        raise BadRequest(f"text_input: prompt of {n_prompt} tokens is over the server's limit of {limits.max_prompt_tokens}")
+    max_tokens = _scalar(inputs, "max_tokens")
+    if max_tokens is not None and not 1 <= int(max_tokens) <= limits.max_tokens:
+        raise BadRequest(f"max_tokens: {int(max_tokens)} is outside 1..{limits.max_tokens} (the server's token budget)")
+    strategy = _scalar(inputs, "strategy")
+    strategy = defaults.get("strategy", "vanilla") if strategy is None else _text(strategy, "strategy")
+    if strategy not in STRATEGIES:
+        raise BadRequest(f"strategy: unknown strategy {strategy!r} (expected one of {', '.join(STRATEGIES)})")
+    beam_width = _scalar(inputs, "beam_width")
+    if beam_width is not None and not 1 <= int(beam_width) <= limits.max_beam_width:
+        raise BadRequest(f"beam_width: {int(beam_width)} is outside 1..{limits.max_beam_width} (the server's cap)")
+    threshold = _scalar(inputs, "threshold")
+    if threshold is not None and not 0.0 <= float(threshold) <= 1.0:
+        raise BadRequest(f"threshold: {float(threshold)} is outside [0, 1]")
+    decode = {**{k: v for k, v in defaults.items() if k not in ROW_KEYWORDS}, "strategy": strategy}
+    if beam_width is not None:
+        decode["beam_width"] = int(beam_width)
+    if threshold is not None:
+        decode["threshold"] = float(threshold)
+    row = _row_options(inputs, max_tokens, row_options(**defaults))
+    stream = _scalar(inputs, "stream")
+    return Request(prompt=prompt, decode=decode, row=row, stream=bool(stream) if stream is not None else False)
+
+
+def _row_options(inputs: dict, max_tokens, base: RowOptions) -> RowOptions:
+    """``base`` (the server's row defaults) with what this request sets."""
+    temperature, top_p, top_k, seed = (_scalar(inputs, n) for n in ("temperature", "top_p", "top_k", "seed"))
+    if temperature is not None and not float(temperature) >= 0.0:
+        raise BadRequest(f"temperature: {float(temperature)} must be >= 0")
+    if top_p is not None and not 0.0 < float(top_p) <= 1.0:
+        raise BadRequest(f"top_p: {float(top_p)} is outside (0, 1]")
+    if top_k is not None and int(top_k) < 0:
+        raise BadRequest(f"top_k: {int(top_k)} must be >= 0")
+    stop = tuple(_text(s, "stop_words") for s in np.asarray(inputs["stop_words"] if "stop_words" in inputs else []).reshape(-1))
+    if any(not s for s in stop):
+        raise BadRequest("stop_words: an empty stop word")
+    given = {"temperature": temperature, "top_k": top_k, "top_p": top_p, "seed": seed, "max_tokens": max_tokens,
+             "stop": stop or None}
+    cast = {"temperature": float, "top_p": float, "top_k": int, "seed": int, "max_tokens": int, "stop": tuple}
+    return replace(base, **{k: cast[k](v) for k, v in given.items() if v is not None})
+
+
+def check_with_runtime(runtime, request: Request) -> None:
+    """BadRequest for what the runtime would refuse (the checks of ``generate``), before the request
+    joins a batch: a refusal inside a batch would fail its other rows too."""
+    try:
+        runtime.decode_config(**request.decode)
+        runtime.decoder.check_rows([request.row])
+    except UserError as e:
+        raise BadRequest(str(e)) from None
+
+
+def response(text: str, token_ids: list[int], forwards: int, finish_reason: str | None) -> dict:
+    """The output tensors of one response (a whole result or one streamed chunk)."""
+    return {"text_output": np.array([text.encode("utf-8")], dtype=object),
+            "token_ids": np.asarray(token_ids, dtype=np.int32).reshape(-1),
+            "forwards": np.array([forwards], dtype=np.int32),
+            "finish_reason": np.array([(finish_reason or "").encode()], dtype=object)}

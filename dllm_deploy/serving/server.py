@@ -1,0 +1,282 @@
+"""``dllm-deploy serve``: Triton Inference Server (through PyTriton) over one Runtime.
+
+Two model names share one scheduler (docs/serving.md):
+- ``dllm``: plain (one response per request): KServe v2 ``infer`` over HTTP and gRPC and
+  ``/v2/models/dllm/generate``. Triton refuses ``infer`` on a decoupled model, so the plain
+  model cannot be the streaming one. One request per call (no batch dimension): ``instances``
+  copies take requests concurrently and the scheduler batches them.
+- ``dllm_stream``: decoupled: ``/generate_stream`` (server-sent events, one per chunk) and gRPC
+  streaming; with ``stream`` false it answers once, so ``/generate`` works on it too. Its
+  callable is asynchronous: one instance holds any number of requests.
+"""
+from __future__ import annotations
+
+import asyncio
+import os
+import queue
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import sysconfig
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+from ..errors import UserError
+from .contract import INPUTS, OUTPUTS, BadRequest, Limits, check_with_runtime, parse_request, response
+from .reaper import start_time
+from .scheduler import Scheduler
+
+PLAIN, STREAM = "dllm", "dllm_stream"
+
+
+def check_ports(host: str, ports: dict) -> None:
+    """UserError naming a busy port: PyTriton would otherwise talk to whatever listens there."""
+    for flag, port in ports.items():
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                s.bind((host, port))
+            except OSError as e:
+                raise UserError(f"{flag} {port}: {host}:{port} is busy ({e.strerror}); pick a free port") from None
+
+
+def check_environment() -> None:
+    """The bundled Python backend stub (pybind11 against numpy 1) crashes on BYTES tensors under
+    numpy 2; nvidia-pytriton requires numpy<2 for that reason."""
+    import numpy
+    try:
+        import pytriton  # noqa: F401
+    except ImportError:
+        raise UserError("serving needs nvidia-pytriton: pip install 'dllm-deploy[serve]'") from None
+    if int(numpy.__version__.split(".")[0]) >= 2:
+        raise UserError(f"serving needs numpy<2 (nvidia-pytriton's Python backend stub; this environment has "
+                        f"numpy {numpy.__version__}): pip install 'numpy<2'")
+
+
+def _with_libdir(env: dict) -> None:
+    """The stub links libpython: on a Python built outside the system (pyenv) its LIBDIR must be on
+    LD_LIBRARY_PATH for tritonserver's children (this process's environment passes to them)."""
+    libdir = sysconfig.get_config_var("LIBDIR")
+    parts = [p for p in env.get("LD_LIBRARY_PATH", "").split(":") if p]
+    if libdir and libdir not in parts:
+        env["LD_LIBRARY_PATH"] = ":".join([libdir, *parts])
+
+
+def _descendants(pid: int) -> list[int]:
+    """Every live process below ``pid`` (from /proc), children first."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            children.setdefault(ppid, []).append(int(entry.name))
+    out, todo = [], list(children.get(pid, []))
+    while todo:
+        p = todo.pop(0)
+        out.append(p)
+        todo.extend(children.get(p, []))
+    return out
+
+
+def _kill(pids: list[int]) -> None:
+    for p in pids:
+        try:
+            os.kill(p, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+class Handlers:
+    """The two models' inference callables over one scheduler."""
+
+    def __init__(self, runtime, scheduler: Scheduler, limits: Limits, defaults: dict):
+        self.runtime, self.scheduler, self.limits, self.defaults = runtime, scheduler, limits, defaults
+
+    def _parse(self, inputs: dict):
+        request = parse_request(inputs, self.runtime.tokenizer, self.limits, self.defaults)
+        check_with_runtime(self.runtime, request)
+        return request
+
+    def plain(self, requests: list) -> list:
+        """One whole response per request (``stream`` true is refused: use dllm_stream)."""
+        out = []
+        for inputs in requests:
+            request = self._parse(inputs)
+            if request.stream:
+                raise BadRequest(f"stream: model {PLAIN} answers once; stream from model {STREAM}")
+            box: queue.Queue = queue.Queue()
+            self.scheduler.submit(request, box.put)
+            out.append(collect(iter(box.get, None)))
+        return out
+
+    async def stream(self, requests: list):
+        """A response per chunk when ``stream`` is true, else one whole response."""
+        loop = asyncio.get_running_loop()
+        for inputs in requests:
+            request = self._parse(inputs)
+            box: asyncio.Queue = asyncio.Queue()
+            self.scheduler.submit(request, lambda item, box=box: loop.call_soon_threadsafe(box.put_nowait, item))
+            chunks = []
+            while True:
+                chunk = await box.get()
+                if isinstance(chunk, Exception):
+                    raise chunk
+                if request.stream:
+                    yield [response(chunk["delta"], chunk["token_ids"], chunk["forwards"], chunk["finish_reason"])]
+                else:
+                    chunks.append(chunk)
+                if chunk["finish_reason"] is not None:
+                    break
+            if not request.stream:
+                yield [collect(iter(chunks))]
+
+
+def collect(chunks) -> dict:
+    """One whole response from a row's chunks (concatenated deltas and ids, the last counts)."""
+    text, ids = [], []
+    for chunk in chunks:
+        if isinstance(chunk, Exception):
+            raise chunk
+        text.append(chunk["delta"])
+        ids.extend(chunk["token_ids"])
+        if chunk["finish_reason"] is not None:
+            return response("".join(text), ids, chunk["forwards"], chunk["finish_reason"])
+    raise BadRequest("the decode ended without a result")
+
+
+def _tensors():
+    """PyTriton's tensor specs of contract.py's inputs (optional ones marked) and outputs."""
+    import numpy as np
+    from pytriton.model_config import Tensor
+
+    def dtype(d):
+        return np.bytes_ if d is bytes else d
+    return ([Tensor(name=n, dtype=dtype(d), shape=shape, optional=opt) for n, d, shape, opt in INPUTS],
+            [Tensor(name=n, dtype=dtype(d), shape=shape) for n, d, shape in OUTPUTS])
+
+
+STARTS = 3          # tries at starting tritonserver (PyTriton's instance handshake race, below)
+
+
+_MODEL_COPY = re.compile(r"(/tmp/folder[A-Za-z0-9]{6})/\d+/model\.py")
+
+
+def _model_copies(pids: list[int]) -> list[str]:
+    """The folders tritonserver copies a model's repository into (``/tmp/folderXXXXXX``, named
+    on its Python backend stubs' command lines): a killed tritonserver leaves them behind."""
+    out = set()
+    for p in pids:
+        try:
+            argv = Path(f"/proc/{p}/cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if len(argv) > 1 and argv[0].endswith(b"triton_python_backend_stub"):
+            if m := _MODEL_COPY.fullmatch(argv[1].decode(errors="replace")):
+                out.add(m.group(1))
+    return sorted(out)
+
+
+class Reaper:
+    """serve's side of reaper.py: starts the watchdog and keeps it told of this process's tree, so
+    that tritonserver, its stubs and the scratch folder go when serve goes, SIGKILL included."""
+
+    def __init__(self, scratch: Path):
+        from . import reaper
+        self.proc = subprocess.Popen([sys.executable, "-I", reaper.__file__, str(scratch)], stdin=subprocess.PIPE,
+                                     text=True, start_new_session=True)
+        self._sent, self._stop = None, threading.Event()
+        self._thread = threading.Thread(target=self._watch, name="dllm-reaper", daemon=True)
+        self._thread.start()
+
+    def tree(self) -> list[int]:
+        """This process's descendants but the watchdog."""
+        return [p for p in _descendants(os.getpid()) if p != self.proc.pid]
+
+    def _watch(self) -> None:
+        while not self._stop.wait(0.25):
+            tree = self.tree()
+            listed = " ".join([f"{p}:{t}" for p in tree if (t := start_time(p))] + _model_copies(tree))
+            if listed != self._sent:
+                self.proc.stdin.write(listed + "\n")
+                self.proc.stdin.flush()
+                self._sent = listed
+
+    def close(self) -> None:
+        """Close the pipe: the watchdog kills what is left of the tree and exits."""
+        self._stop.set()
+        self._thread.join()
+        self.proc.stdin.close()
+        self.proc.wait(timeout=30)
+
+
+def _start(handlers: Handlers, config, workspace: Path, instances: int):
+    """A running Triton with both models bound, or the start's exception (nothing left running)."""
+    from pytriton.model_config import ModelConfig
+    from pytriton.triton import Triton
+
+    triton = Triton(config=config, workspace=workspace)
+    try:
+        inputs, outputs = _tensors()
+        triton.bind(PLAIN, [handlers.plain] * instances, inputs=inputs, outputs=outputs,
+                    config=ModelConfig(batching=False))
+        triton.bind(STREAM, handlers.stream, inputs=inputs, outputs=outputs,
+                    config=ModelConfig(batching=False, decoupled=True))
+        triton.run()
+        return triton
+    except BaseException:
+        triton.stop()
+        raise
+
+
+def serve(runtime, host: str, ports: dict, limits: Limits, defaults: dict, instances: int,
+          log=lambda msg: print(msg, file=sys.stderr, flush=True)) -> None:
+    """Serve until SIGINT/SIGTERM (raised in this thread by the CLI) or until tritonserver dies;
+    then tear tritonserver and its stubs down and remove the workspace. A watchdog (Reaper) does
+    the same if this process is killed outright."""
+    check_environment()
+    check_ports(host, ports)
+    from pytriton.triton import TritonConfig
+
+    _with_libdir(os.environ)
+    scratch = Path(tempfile.mkdtemp(prefix="dllm-serve-"))
+    reaper = Reaper(scratch)
+    scheduler = Scheduler(runtime, max_batch=instances, max_queue=limits.max_queue)
+    handlers = Handlers(runtime, scheduler, limits, defaults)
+    config = TritonConfig(http_address=host, http_port=ports["--http-port"], grpc_address=host,
+                          grpc_port=ports["--grpc-port"], metrics_address=host, metrics_port=ports["--metrics-port"],
+                          exit_timeout_secs=3, log_verbose=0)
+    triton = None
+    try:
+        for attempt in range(1, STARTS + 1):
+            try:
+                triton = _start(handlers, config, scratch / f"pytriton-{attempt}", instances)
+                break
+            except Exception as e:
+                # the first instance of a model serves its config on a unix socket the others connect
+                # to once the socket file exists, not retrying a refused connection: under load one
+                # may connect between the server's bind and listen and the model fails to load
+                if "handshake" not in str(e) or attempt == STARTS:
+                    raise
+                _kill(reaper.tree())
+                log(f"dllm-deploy: tritonserver start {attempt} failed (PyTriton's instance handshake); starting again")
+        log(f"dllm-deploy: serving models {PLAIN} and {STREAM}: http://{host}:{ports['--http-port']} "
+            f"grpc {host}:{ports['--grpc-port']} metrics http://{host}:{ports['--metrics-port']}/metrics "
+            f"(batch up to {instances}, queue up to {limits.max_queue})")
+        while triton.is_alive():
+            time.sleep(0.5)
+        raise UserError("tritonserver exited; see its log above")
+    finally:
+        scheduler.close()
+        try:
+            if triton is not None:
+                triton.stop()
+        finally:
+            reaper.close()
+            shutil.rmtree(scratch, ignore_errors=True)

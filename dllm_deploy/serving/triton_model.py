@@ -1,0 +1,106 @@
+"""The Python-backend model of a ``dllm-deploy triton-repo`` repository (copied as ``1/model.py``).
+
+Runs under a stock tritonserver's Python backend stub, not in this package's process: it imports
+``dllm_deploy`` from the stub's Python (PYTHONPATH / the execution environment, docs/serving.md)
+and reads everything else from its config.pbtxt parameters (the artifact, the decode defaults, the
+limits). The same request checks (contract.py) and scheduler as ``dllm-deploy serve``:
+- model ``dllm`` (one response each, dynamic batching): the requests of one ``execute`` call are
+  decoded together and answered when all are done;
+- model ``dllm_stream`` (decoupled): ``execute`` hands each request to the scheduler and returns;
+  its chunks go out through the request's response sender as they come, so requests arriving
+  while others decode join the next batch.
+"""
+import json
+import queue
+
+import triton_python_backend_utils as pb_utils
+
+from dllm_deploy.runtime.api import Runtime
+from dllm_deploy.serving.contract import INPUTS, BadRequest, Limits, check_with_runtime, parse_request, response
+from dllm_deploy.serving.scheduler import Scheduler
+from dllm_deploy.serving.server import collect
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        self.final = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
+        config = json.loads(args["model_config"])
+        params = {k: v["string_value"] for k, v in config["parameters"].items()}
+        self.batched = config.get("max_batch_size", 0) > 0
+        self.decoupled = config.get("model_transaction_policy", {}).get("decoupled", False)
+        self.runtime = Runtime.load(artifact=params["artifact"], profile=params["profile"])
+        self.defaults = json.loads(params["defaults"])
+        self.limits = Limits(**json.loads(params["limits"]))
+        self.scheduler = Scheduler(self.runtime, max_batch=int(params["max_batch"]), max_queue=self.limits.max_queue)
+
+    def _outputs(self, tensors: dict):
+        """A response from contract.response's tensors (a batch dimension added on a batched model)."""
+        return pb_utils.InferenceResponse(output_tensors=[
+            pb_utils.Tensor(name, value[None] if self.batched else value) for name, value in tensors.items()])
+
+    def _parse(self, request):
+        inputs = {}
+        for name, *_ in INPUTS:
+            tensor = pb_utils.get_input_tensor_by_name(request, name)
+            if tensor is not None:
+                inputs[name] = tensor.as_numpy()
+        parsed = parse_request(inputs, self.runtime.tokenizer, self.limits, self.defaults)
+        check_with_runtime(self.runtime, parsed)
+        return parsed
+
+    def execute(self, requests):
+        return self._stream(requests) if self.decoupled else self._plain(requests)
+
+    def _plain(self, requests):
+        """Every request submitted first (they decode as one batch), then each answered."""
+        boxes = []
+        for request in requests:
+            box = queue.Queue()
+            try:
+                parsed = self._parse(request)
+                if parsed.stream:
+                    raise BadRequest("stream: model dllm answers once; stream from model dllm_stream")
+                self.scheduler.submit(parsed, box.put)
+            except BadRequest as e:
+                box.put(e)
+            boxes.append(box)
+        out = []
+        for box in boxes:
+            try:
+                out.append(self._outputs(collect(iter(box.get, None))))
+            except BadRequest as e:
+                out.append(pb_utils.InferenceResponse(error=pb_utils.TritonError(str(e))))
+        return out
+
+    def _stream(self, requests):
+        for request in requests:
+            sender = request.get_response_sender()
+            try:
+                parsed = self._parse(request)
+            except BadRequest as e:
+                sender.send(pb_utils.InferenceResponse(error=pb_utils.TritonError(str(e))), flags=self.final)
+                continue
+            self.scheduler.submit(parsed, self._deliver(sender, parsed.stream))
+        return None
+
+    def _deliver(self, sender, stream: bool):
+        """The scheduler's callback for one request: each chunk sent (streaming), or the whole
+        result once it is final; an exception ends the request with its message."""
+        chunks = []
+
+        def deliver(item):
+            if isinstance(item, Exception):
+                sender.send(pb_utils.InferenceResponse(error=pb_utils.TritonError(str(item))), flags=self.final)
+                return
+            last = item["finish_reason"] is not None
+            if stream:
+                sender.send(self._outputs(response(item["delta"], item["token_ids"], item["forwards"],
+                                                   item["finish_reason"])), flags=self.final if last else 0)
+            else:
+                chunks.append(item)
+                if last:
+                    sender.send(self._outputs(collect(iter(chunks))), flags=self.final)
+        return deliver
+
+    def finalize(self):
+        self.scheduler.close()

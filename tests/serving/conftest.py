@@ -1,0 +1,107 @@
+"""One real server for the serving tests: `dllm-deploy serve` over the tiny artifact on free
+loopback ports, in a subprocess of this interpreter. Where serving cannot run (no nvidia-pytriton,
+glibc < 2.35, numpy 2: the Python backend stub crashes on BYTES tensors) the tests skip and say why."""
+from __future__ import annotations
+
+import os
+import platform
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+GEN_LENGTH = 32
+
+
+def free_ports(n: int) -> list[int]:
+    socks = [socket.socket() for _ in range(n)]
+    for s in socks:
+        s.bind(("127.0.0.1", 0))
+    ports = [s.getsockname()[1] for s in socks]
+    for s in socks:
+        s.close()
+    return ports
+
+
+def serving_python() -> str:
+    """The interpreter that runs the server, or pytest.skip with the reason."""
+    try:
+        import pytriton  # noqa: F401
+    except ImportError:
+        pytest.skip("nvidia-pytriton is not installed (pip install '.[serve]')")
+    libc, version = platform.libc_ver()
+    if libc != "glibc" or tuple(int(x) for x in version.split(".")[:2]) < (2, 35):
+        pytest.skip(f"the bundled tritonserver needs glibc >= 2.35 (have {libc} {version})")
+    import numpy
+    if int(numpy.__version__.split(".")[0]) >= 2:
+        pytest.skip(f"numpy {numpy.__version__} here: the Triton Python backend stub needs numpy<2 (pip install 'numpy<2')")
+    return sys.executable
+
+
+def wait_ready(url: str, proc: subprocess.Popen, timeout: float = 90) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"serve exited with {proc.returncode}: {proc.stderr.read()[-3000:]}")
+        try:
+            for model in ("dllm", "dllm_stream"):
+                urllib.request.urlopen(f"{url}/v2/models/{model}/ready", timeout=2)
+            return
+        except OSError:
+            time.sleep(0.5)
+    raise RuntimeError("serve did not become ready")
+
+
+class Server:
+    """`dllm-deploy serve` over ``artifact`` (or, with ``command``, any server taking the three
+    ports from ``command(http, grpc, metrics)``) on free loopback ports, ready."""
+
+    def __init__(self, artifact: Path, extra: list[str] = (), command=None, env: dict | None = None):
+        self.http, self.grpc, self.metrics = free_ports(3)
+        self.url = f"http://127.0.0.1:{self.http}"
+        if command is None:
+            command = lambda http, grpc, metrics: [  # noqa: E731
+                serving_python(), "-m", "dllm_deploy.cli", "serve", "--artifact", str(artifact),
+                "--gen-length", str(GEN_LENGTH), "--http-port", str(http), "--grpc-port", str(grpc),
+                "--metrics-port", str(metrics), *extra]
+        self.proc = subprocess.Popen(command(self.http, self.grpc, self.metrics),
+                                     env=env or {**os.environ, "PYTHONPATH": str(ROOT)}, stdout=subprocess.DEVNULL,
+                                     stderr=subprocess.PIPE, text=True, start_new_session=True)
+        try:
+            wait_ready(self.url, self.proc)
+        except BaseException:
+            self.stop()
+            raise
+
+    def stop(self) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait()
+        return self.proc.returncode
+
+
+@pytest.fixture(scope="session")
+def server(request):
+    serving_python()                    # skip before the artifact is exported when serving can't run here
+    artifact, _ = request.getfixturevalue("tiny_artifact")
+    s = Server(artifact, ["--max-batch-size", "4", "--max-queue", "32"])
+    yield s
+    s.stop()
+
+
+@pytest.fixture(scope="session")
+def offline(tiny_artifact):
+    """generate of the same artifact in this process: what every response must equal."""
+    from dllm_deploy.runtime.api import Runtime
+    rt = Runtime.load(artifact=str(tiny_artifact[0]))
+    return lambda prompt, **decode: rt.generate([prompt], gen_length=GEN_LENGTH, **decode)[0]

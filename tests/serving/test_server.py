@@ -1,0 +1,122 @@
+"""Client checks against one real `dllm-deploy serve` (conftest.server): every response equals
+offline generate of the same prompt; bad requests fail alone; concurrent requests batch."""
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import urllib.error
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import pytest
+
+from .conftest import ROOT
+
+PROMPTS = ["count: 1 2 3", "hello", "reverse: abc", "upper: dog"]
+
+
+def post(url: str, body: dict, timeout: float = 60) -> tuple[int, dict]:
+    req = urllib.request.Request(url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read())
+
+
+def check_equal(out: dict, ref) -> None:
+    assert out["text_output"] == ref.text
+    assert np.atleast_1d(out["token_ids"]).tolist() == list(ref.token_ids)
+    assert int(np.asarray(out["forwards"]).reshape(-1)[0]) == ref.forwards
+
+
+@pytest.mark.parametrize("model", ["dllm", "dllm_stream"])
+def test_http_generate_equals_offline(server, offline, model):
+    for prompt, strategy in [(PROMPTS[0], "vanilla"), (PROMPTS[1], "spd")]:
+        status, out = post(f"{server.url}/v2/models/{model}/generate", {"text_input": prompt, "strategy": strategy})
+        assert status == 200, out
+        check_equal(out, offline(prompt, strategy=strategy))
+        assert out["finish_reason"] in ("eos", "length")
+
+
+def test_seeded_sampling_max_tokens_and_stop_equal_offline(server, offline):
+    from dllm_deploy.runtime.rows import RowOptions
+    cases = [({"temperature": 0.8, "top_p": 0.9, "seed": 7}, RowOptions(temperature=0.8, top_p=0.9, seed=7)),
+             ({"max_tokens": 5}, RowOptions(max_tokens=5)),
+             ({"stop_words": ["3"]}, RowOptions(stop=("3",)))]
+    for body, row in cases:
+        status, out = post(f"{server.url}/v2/models/dllm_stream/generate", {"text_input": PROMPTS[0], **body})
+        assert status == 200, out
+        ref = offline(PROMPTS[0], rows=[row])
+        check_equal(out, ref)
+        assert out["finish_reason"] == ref.finish_reason
+
+
+def test_kserve_infer_http_and_grpc(server, offline):
+    import tritonclient.grpc as grpcclient
+    import tritonclient.http as httpclient
+    ref = offline(PROMPTS[2])
+    for mod, url in [(httpclient, f"127.0.0.1:{server.http}"), (grpcclient, f"127.0.0.1:{server.grpc}")]:
+        client = mod.InferenceServerClient(url)
+        x = mod.InferInput("text_input", [1], "BYTES")
+        x.set_data_from_numpy(np.array([PROMPTS[2].encode()], dtype=object))
+        res = client.infer("dllm", [x], client_timeout=60) if mod is grpcclient else client.infer("dllm", [x])
+        out = {"text_output": res.as_numpy("text_output")[0].decode(), "token_ids": res.as_numpy("token_ids"),
+               "forwards": res.as_numpy("forwards")}
+        check_equal(out, ref)
+
+
+def test_generate_stream_sse(server, offline):
+    req = urllib.request.Request(f"{server.url}/v2/models/dllm_stream/generate_stream",
+                                 data=json.dumps({"text_input": PROMPTS[0], "stream": True}).encode())
+    with urllib.request.urlopen(req, timeout=60) as r:
+        events = [json.loads(line[5:]) for line in r.read().decode().splitlines() if line.startswith("data:")]
+    assert events and all("error" not in e for e in events), events
+    ref = offline(PROMPTS[0])
+    assert "".join(e["text_output"] for e in events) == ref.text
+    assert [t for e in events for t in np.atleast_1d(e["token_ids"]).tolist()] == list(ref.token_ids)
+    assert events[-1]["finish_reason"] in ("eos", "length", "stop")
+
+
+@pytest.mark.parametrize("body, needle", [
+    ({"text_input": ""}, "empty prompt"),
+    ({"text_input": "x" * 600}, "over the server's limit"),
+    ({"text_input": "hi", "max_tokens": 0}, "max_tokens: 0 is outside"),
+    ({"text_input": "hi", "max_tokens": 4096}, "max_tokens: 4096 is outside"),
+    ({"text_input": "hi", "strategy": "nope"}, "unknown strategy 'nope'"),
+    ({"text_input": "hi", "strategy": "spd", "beam_width": 99}, "beam_width: 99 is outside"),
+    ({"text_input": "hi", "max_tokens": "many"}, "Unable to parse"),
+    ({"text_input": "hi", "stream": True}, "stream from model dllm_stream"),
+    ({"text_input": "hi", "temperature": 1.0, "top_k": 1000}, "sampling pool"),
+])
+def test_bad_request_fails_alone(server, offline, body, needle):
+    status, out = post(f"{server.url}/v2/models/dllm/generate", body)
+    assert status >= 400 and needle in out["error"], out
+    assert "Traceback (most recent call last):\\n  File \"/work" not in out["error"]
+    status, out = post(f"{server.url}/v2/models/dllm/generate", {"text_input": PROMPTS[3]})   # still serving
+    assert status == 200
+    check_equal(out, offline(PROMPTS[3]))
+
+
+def test_concurrent_requests_batch_and_equal_offline(server, offline):
+    prompts = [f"{p} {i}" for i in range(3) for p in PROMPTS]
+    with ThreadPoolExecutor(len(prompts)) as ex:
+        results = list(ex.map(lambda p: post(f"{server.url}/v2/models/dllm_stream/generate", {"text_input": p}),
+                              prompts))
+    for p, (status, out) in zip(prompts, results):
+        assert status == 200, out
+        check_equal(out, offline(p))
+
+
+def test_busy_port_is_named(tiny_artifact, server):
+    from .conftest import serving_python
+    r = subprocess.run([serving_python(), "-m", "dllm_deploy.cli", "serve", "--artifact", str(tiny_artifact[0]),
+                        "--http-port", str(server.http), "--grpc-port", "1", "--metrics-port", "2"],
+                       env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2
+    assert r.stderr.strip() == (f"dllm-deploy: error: --http-port {server.http}: 127.0.0.1:{server.http} is busy "
+                                "(Address already in use); pick a free port")
