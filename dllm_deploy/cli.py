@@ -400,7 +400,7 @@ def cmd_serve(a) -> int:
     check_ports(a.host, ports)
     rt = _runtime(a)
     defaults, limits = _serve_limits(a, rt)
-    serve(rt, a.host, ports, limits, defaults, instances=a.max_batch_size)
+    serve(rt, a.host, ports, limits, defaults, instances=a.max_batch_size, continuous=not a.static_batches)
     return 0
 
 
@@ -546,6 +546,8 @@ def build_parser() -> argparse.ArgumentParser:
     sv.add_argument("--grpc-port", type=int, default=8001)
     sv.add_argument("--metrics-port", type=int, default=8002)
     _add_limit_flags(sv)
+    sv.add_argument("--static-batches", action="store_true",
+                    help="requests wait for the next batch instead of joining a running one at a block boundary")
     sv.set_defaults(func=cmd_serve)
 
     tr = sub.add_parser("triton-repo", help="write a Triton model repository for a stock tritonserver (docs/serving.md)")

@@ -7,11 +7,12 @@ and decodes them as one batch > 1 with each row's own RowOptions (seed, sampling
 stop). Each row's chunks go to its own ``deliver`` as the decode loop reports them; a finished
 row's last chunk carries its finish_reason.
 
-Requests that arrive while a batch decodes wait for the next batch (static batches formed at
-arrival). Continuous batching (a request joins a running batch at the next block boundary) is a
-change to ``_run`` alone: the decode loop would take a callable that ``_run`` answers at each
-block boundary with ``_take_compatible(key)``; the queue, the compatibility rule and the delivery
-stay as they are.
+Continuous batching: a request that arrives while a batch decodes joins it at the next block
+boundary when it is compatible and there is room (rows that finished have left by then), as
+vLLM and SGLang do; the decode loop asks ``_run``'s join callable at every boundary
+(Runtime.stream(join=...)). That needs an exact cache (a block-causal model, ONNX Runtime or
+torch); elsewhere, and with ``continuous=False`` (serve --static-batches), a request waits for the
+next batch (static batches formed at arrival).
 """
 from __future__ import annotations
 
@@ -26,8 +27,10 @@ def _key(request: Request) -> str:
 
 
 class Scheduler:
-    def __init__(self, runtime, max_batch: int, max_queue: int):
+    def __init__(self, runtime, max_batch: int, max_queue: int, continuous: bool = True):
         self.runtime, self.max_batch, self.max_queue = runtime, max_batch, max_queue
+        self.continuous = continuous
+        self.joined = 0                           # requests that joined a running batch
         self._cv = threading.Condition()
         self._waiting: deque = deque()
         self._active = 0
@@ -80,12 +83,33 @@ class Scheduler:
         for _, deliver in left:
             deliver(BadRequest("the server is shutting down"))
 
+    def _joiner(self, batch: list, done: list):
+        """The join callable of a running batch (None: requests wait for the next batch): at a block
+        boundary it moves compatible waiting requests into ``batch``, up to ``max_batch`` unfinished rows."""
+        decode = batch[0][0].decode
+        if not (self.continuous and self.runtime.joins_batches(**decode)):
+            return None
+        key = _key(batch[0][0])
+
+        def join() -> list:
+            room = self.max_batch - done.count(False)
+            if room <= 0:
+                return []
+            with self._cv:
+                taken = self._take_compatible(key, room)
+                self._active += len(taken)
+            batch.extend(taken)
+            done.extend([False] * len(taken))
+            self.joined += len(taken)
+            return [(r.prompt, r.row) for r, _ in taken]
+        return join
+
     def _run(self, batch: list) -> None:
         requests = [r for r, _ in batch]
         done = [False] * len(batch)
         try:
             for chunk in self.runtime.stream([r.prompt for r in requests], rows=[r.row for r in requests],
-                                             **requests[0].decode):
+                                             join=self._joiner(batch, done), **requests[0].decode):
                 i = chunk["index"]
                 done[i] = chunk["finish_reason"] is not None
                 batch[i][1](chunk)

@@ -236,7 +236,7 @@ def _start(handlers: Handlers, config, workspace: Path, instances: int):
 
 
 def serve(runtime, host: str, ports: dict, limits: Limits, defaults: dict, instances: int,
-          log=lambda msg: print(msg, file=sys.stderr, flush=True)) -> None:
+          log=lambda msg: print(msg, file=sys.stderr, flush=True), continuous: bool = True) -> None:
     """Serve until SIGINT/SIGTERM (raised in this thread by the CLI) or until tritonserver dies;
     then tear tritonserver and its stubs down and remove the workspace. A watchdog (Reaper) does
     the same if this process is killed outright."""
@@ -247,7 +247,7 @@ def serve(runtime, host: str, ports: dict, limits: Limits, defaults: dict, insta
     _with_libdir(os.environ)
     scratch = Path(tempfile.mkdtemp(prefix="dllm-serve-"))
     reaper = Reaper(scratch)
-    scheduler = Scheduler(runtime, max_batch=instances, max_queue=limits.max_queue)
+    scheduler = Scheduler(runtime, max_batch=instances, max_queue=limits.max_queue, continuous=continuous)
     handlers = Handlers(runtime, scheduler, limits, defaults)
     config = TritonConfig(http_address=host, http_port=ports["--http-port"], grpc_address=host,
                           grpc_port=ports["--grpc-port"], metrics_address=host, metrics_port=ports["--metrics-port"],
