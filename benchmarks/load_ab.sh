@@ -1,14 +1,22 @@
 #!/bin/bash
-# both servers up at once; levels interleaved: batch1 then batch8 at each concurrency, one round
-cd "$(dirname "$0")/.."   # the repository root; needs build/tiny (dllm-deploy export --out build/tiny)
+# The load table of docs/serving.md: three servers up at once over the tiny artifact (one request
+# at a time, static batches of 8, continuous batching up to 8), concurrency levels interleaved so
+# that the machine's load changes hit every server alike. Needs build/tiny
+# (dllm-deploy export --model tiny --out build/tiny); writes build/ab/ and benchmarks/load-*.json.
+cd "$(dirname "$0")/.."
+GEN=${GEN:-64}; REQUESTS=${REQUESTS:-24}; LEVELS=${LEVELS:-"1 2 4 8 16 32"}
 mkdir -p build/ab
-start() { (PYTHONPATH=$PWD setsid ${PYTHON:-python} -m dllm_deploy.cli serve --artifact build/tiny --gen-length 32 $2 --http-port $1 --grpc-port $(($1+1)) --metrics-port $(($1+2)) > build/ab/serve-$1.log 2>&1 & echo $! > build/ab/serve-$1.pid)
-  for i in $(seq 180); do curl -sf localhost:$1/v2/models/dllm_stream/ready && break; sleep 0.5; done; }
-start 18000 "--max-batch-size 1"
-start 18100 ""
-for r in 1; do for c in 1 2 4 8 16 32; do for s in "batch1 18000" "batch8 18100"; do set -- $s
-  PYTHONPATH=$PWD ${PYTHON:-python} -m dllm_deploy.cli loadtest --artifact build/tiny --gen-length 32 --url http://127.0.0.1:$2 --concurrency $c --requests 32 --json build/ab/$1-c$c-r$r.json > build/ab/$1-c$c-r$r.out 2>&1
-  echo "$1 c$c r$r rc=$? $(uptime | sed 's/.*average: //')" >> build/ab/log
-done; done; done
-kill -TERM $(cat build/ab/serve-18000.pid) $(cat build/ab/serve-18100.pid)
+SERVERS=("one-at-a-time 18000 --max-batch-size 1" "static 18100 --static-batches" "continuous 18200")
+start() { local port=$1; shift
+  (PYTHONPATH=$PWD setsid ${PYTHON:-python} -m dllm_deploy.cli serve --artifact build/tiny --gen-length $GEN "$@" \
+     --http-port $port --grpc-port $((port+1)) --metrics-port $((port+2)) > build/ab/serve-$port.log 2>&1 & echo $! > build/ab/serve-$port.pid)
+  for i in $(seq 240); do curl -sf localhost:$port/v2/models/dllm_stream/ready > /dev/null && return; sleep 0.5; done
+  echo "serve on $port did not start (build/ab/serve-$port.log)"; exit 1; }
+for s in "${SERVERS[@]}"; do set -- $s; name=$1; port=$2; shift 2; start $port "$@"; done
+for c in $LEVELS; do for s in "${SERVERS[@]}"; do set -- $s
+  PYTHONPATH=$PWD ${PYTHON:-python} -m dllm_deploy.cli loadtest --artifact build/tiny --gen-length $GEN \
+    --url http://127.0.0.1:$2 --concurrency $c --requests $REQUESTS --json build/ab/$1-c$c.json > build/ab/$1-c$c.out 2>&1
+  echo "$1 c$c rc=$? $(uptime | sed 's/.*average: //')" >> build/ab/log
+done; done
+for s in "${SERVERS[@]}"; do set -- $s; kill -TERM $(cat build/ab/serve-$2.pid); done
 echo done >> build/ab/log

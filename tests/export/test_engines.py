@@ -1,5 +1,6 @@
 import pytest
 
+from dllm_deploy.artifact import SAMPLING_INPUTS
 from dllm_deploy.artifact.engines import (
     Shapes,
     build_settings,
@@ -14,8 +15,11 @@ from dllm_deploy.errors import UserError
 from dllm_deploy.export.engines import plan_engines, trtexec_command
 from dllm_deploy.profiles import load_profiles
 
+INPUTS = ["input_ids", "position_ids", "attention_mask",
+          *[f"past_key_values.{i}.{k}" for i in range(2) for k in ("key", "value")], *SAMPLING_INPUTS]
 MANIFEST = {"model": {"num_layers": 2, "num_kv_heads": 8, "head_dim": 128, "max_seq": 4096},
-            "block_length": 32, "max_beam_width": 16}
+            "block_length": 32, "max_beam_width": 16,
+            "graphs": {g: {"inputs": INPUTS} for g in ("prefill", "verify")}}     # schema 3: sampling inputs
 
 
 def test_h100_like_shapes_are_sane():
@@ -26,10 +30,10 @@ def test_h100_like_shapes_are_sane():
     # the last block's W branches attend the whole prefix: keys up to (max_seq - L) + W_max * L
     assert v["attention_mask"].max == (8, 1, 256, 4096 - 32 + 256)
     assert s["prefill"]["attention_mask"].max == (8, 1, 4096, 4096)
+    assert v["sample_u"] == v["input_ids"] and v["temperature"] == Shapes((1,), (8,), (8,))   # per token, per row
     p = s["prefill"]
     assert p["input_ids"].max == (8, 4096) and p["input_ids"].min == (1, 1)
-    assert set(v) == {"input_ids", "position_ids", "attention_mask"} | {
-        f"past_key_values.{i}.{k}" for i in range(2) for k in ("key", "value")}
+    assert list(v) == INPUTS        # every input of the graph, in its order
 
 
 def test_max_beam_width_is_the_smaller_of_profile_and_artifact():

@@ -6,6 +6,7 @@ import sys
 
 import pytest
 
+from dllm_deploy.artifact import SAMPLING_INPUTS
 from dllm_deploy.artifact.engines import build_settings, engine_shapes
 from dllm_deploy.errors import UserError
 from dllm_deploy.export.engines import (
@@ -19,8 +20,11 @@ from dllm_deploy.profiles import load_profiles
 
 pg = pytest.importorskip("polygraphy.backend.trt", reason="polygraphy is in the dev extra")
 
+INPUTS = ["input_ids", "position_ids", "attention_mask",
+          *[f"past_key_values.{i}.{k}" for i in range(2) for k in ("key", "value")], *SAMPLING_INPUTS]
 MANIFEST = {"model": {"num_layers": 2, "num_kv_heads": 8, "head_dim": 128, "max_seq": 4096},
-            "block_length": 32, "max_beam_width": 16}
+            "block_length": 32, "max_beam_width": 16,
+            "graphs": {g: {"inputs": INPUTS} for g in ("prefill", "verify")}}     # schema 3: sampling inputs
 DECODE = {"batch": 8, "beam_width": 4, "max_beam_width": 8, "max_seq": 1024}
 
 
