@@ -18,7 +18,8 @@ def main(folder: Path) -> None:
         for f in sorted(folder.glob(f"{s}-c*.json")):
             for lv in json.loads(f.read_text())["levels"]:
                 levels.setdefault(str(lv["concurrency"]), {})[s] = lv
-    load = {"note": "three servers up at once over the tiny artifact, concurrency levels interleaved", "levels": levels}
+    load = {"note": ("three servers up at once over the tiny artifact, concurrency levels interleaved, on 2 shared CPU "
+                     "cores (single figures move between runs; compare the ratios of one level)"), "levels": levels}
     out = Path(__file__).resolve().parent / "load-ab.json"
     out.write_text(json.dumps(load, indent=2) + "\n")
     print("\n".join(load_rows(load)))
