@@ -1,6 +1,7 @@
-"""The load table of docs/serving.md from benchmarks/load_ab.sh's runs (build/ab/NAME-cC.json):
-tokens/s and p50 latency per server and concurrency, and the throughput ratios over one request at
-a time, measured in the same interleaved run. Writes benchmarks/load-ab.json; prints markdown.
+"""The serving load table from benchmarks/load_ab.sh's runs (build/ab/NAME-cC.json, NAME one of
+one-at-a-time, static, continuous): writes benchmarks/load-ab.json, which
+`dllm-deploy report ... --load-test benchmarks/load-ab.json` puts in docs/BENCHMARKS.md, and
+prints the table.
 
     python benchmarks/load_table.py [build/ab]
 """
@@ -8,31 +9,19 @@ import json
 import sys
 from pathlib import Path
 
-SERVERS = ("one-at-a-time", "static", "continuous")
+from dllm_deploy.report import SERVERS, load_rows
 
 
 def main(folder: Path) -> None:
-    rows = {}
+    levels: dict = {}
     for s in SERVERS:
-        for f in folder.glob(f"{s}-c*.json"):
+        for f in sorted(folder.glob(f"{s}-c*.json")):
             for lv in json.loads(f.read_text())["levels"]:
-                rows.setdefault(lv["concurrency"], {})[s] = lv
-    print("| clients | one at a time tok/s | static x8 tok/s | continuous x8 tok/s | static / one | continuous / one "
-          "| continuous / static | p50 ms one / static / continuous | lost / corrupted |")
-    print("|---|---|---|---|---|---|---|---|---|")
-    for c in sorted(rows):
-        r = rows[c]
-        if set(r) != set(SERVERS):
-            continue
-        t = {s: r[s]["tokens_per_s"] for s in SERVERS}
-        bad = sum(r[s]["requests"] - r[s]["answered"] for s in SERVERS), sum(r[s]["corrupted"] for s in SERVERS)
-        p50 = " / ".join(f"{r[s]['latency_p50_s'] * 1000:.0f}" for s in SERVERS)
-        print(f"| {c} | {t['one-at-a-time']:.1f} | {t['static']:.1f} | {t['continuous']:.1f} "
-              f"| {t['static'] / t['one-at-a-time']:.2f}x | {t['continuous'] / t['one-at-a-time']:.2f}x "
-              f"| {t['continuous'] / t['static']:.2f}x | {p50} | {bad[0]} / {bad[1]} |")
+                levels.setdefault(str(lv["concurrency"]), {})[s] = lv
+    load = {"note": "three servers up at once over the tiny artifact, concurrency levels interleaved", "levels": levels}
     out = Path(__file__).resolve().parent / "load-ab.json"
-    out.write_text(json.dumps({"note": "benchmarks/load_ab.sh: three servers up at once, levels interleaved",
-                               "levels": {str(c): rows[c] for c in sorted(rows)}}, indent=2) + "\n")
+    out.write_text(json.dumps(load, indent=2) + "\n")
+    print("\n".join(load_rows(load)))
 
 
 if __name__ == "__main__":

@@ -257,7 +257,8 @@ def cmd_report(a) -> int:
     pick = next((r for r in res["runs"] if res.get("tune") and r["label"] == res["tune"]["pick"]), None)
     res["targets"] = targets(res, tuned=pick)       # recomputed: the doc follows the current rules
     paths = report.plots(res, a.plots) if a.plots else []
-    text = report.markdown(res, paths, a.out, source=a.bench_json)
+    load = report.load_test(a.load_test) if a.load_test else None
+    text = report.markdown(res, paths, a.out, source=a.bench_json, load=load, load_source=a.load_test)
     if a.out:
         _write_file(Path(a.out), text)
         print(f"wrote {a.out}" + (f" and {len(paths)} plots in {a.plots}" if paths else ""), file=sys.stderr)
@@ -521,6 +522,8 @@ def build_parser() -> argparse.ArgumentParser:
     rp.add_argument("bench_json", help="the JSON written by `dllm-deploy bench --json`")
     rp.add_argument("--out", default=None, help="markdown file to write (default: stdout)")
     rp.add_argument("--plots", default=None, metavar="DIR", help="write the PNG plots here and link them")
+    rp.add_argument("--load-test", default=None, metavar="JSON",
+                    help="add the serving load table from benchmarks/load_table.py's JSON (benchmarks/load-ab.json)")
     rp.set_defaults(func=cmd_report)
 
     pr = sub.add_parser("profiles", help="list, show or explain device profiles")

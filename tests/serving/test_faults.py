@@ -6,7 +6,7 @@ import os
 import signal
 import socket
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 from pathlib import Path
 
 from dllm_deploy.serving.server import _descendants
@@ -35,13 +35,13 @@ def port_free(port: int) -> bool:
 
 def test_sigkill_of_serve_mid_load_leaves_nothing(tiny_artifact):
     serving_python()
-    s = Server(tiny_artifact[0], ["--max-batch-size", "2"])
+    s = Server(tiny_artifact[0], ["--max-batch-size", "2", "--static-batches"])
     tree = _descendants(s.proc.pid)
     workspaces = {a for p in tree for a in Path(f"/proc/{p}/cmdline").read_bytes().decode(errors="replace").split("\0")
                   if a.startswith("/tmp/dllm-serve-")}
-    with ThreadPoolExecutor(4) as ex:
-        futures = [ex.submit(post, f"{s.url}/v2/models/dllm/generate", {"text_input": p}, 30) for p in PROMPTS]
-        time.sleep(1.0)                              # the requests are queued or decoding
+    with ThreadPoolExecutor(16) as ex:
+        futures = [ex.submit(post, f"{s.url}/v2/models/dllm/generate", {"text_input": p}, 30) for p in PROMPTS * 4]
+        wait(futures, timeout=20, return_when=FIRST_COMPLETED)   # one batch of 2 answered: 14 queued or decoding
         os.kill(s.proc.pid, signal.SIGKILL)
         killed = time.monotonic()
         outcomes = []
