@@ -89,7 +89,9 @@ struct OrtBackend::Impl {
   std::vector<int64_t> ids, pos;            // (B,T)
   std::vector<uint8_t> mask;                // (B,T,P+T)
   std::vector<float> sample_u;              // (B,T)
-  std::vector<float> temperature, top_p_in; // (B,) the rows' sampling parameters (greedy: 0, 0, 1)
+  float temperature1 = 0.0f, top_p1 = 1.0f;  // every row's sampling parameters (greedy: 0, 0, 1)
+  int64_t top_k1 = 0;
+  std::vector<float> temperature, top_p_in; // (B,) fed: the above per row
   std::vector<int64_t> top_k;               // (B,)
   std::vector<std::vector<float>> past;     // 2 per layer: (B, Hkv, P, D)
   std::vector<std::vector<float>> present;  // 2 per layer: (B, Hkv, P+T, D)
@@ -263,7 +265,7 @@ OrtBackend::~OrtBackend() = default;
 void OrtBackend::reserve(size_t rows, size_t max_tokens, size_t max_past, size_t max_present) {
   Impl& s = *impl_;
   s.rows = rows;
-  s.temperature.resize(rows, 0.0f), s.top_k.resize(rows, 0), s.top_p_in.resize(rows, 1.0f);
+  s.temperature.assign(rows, s.temperature1), s.top_k.assign(rows, s.top_k1), s.top_p_in.assign(rows, s.top_p1);
   if (rows <= s.cap_rows && max_tokens <= s.cap_tokens && max_past <= s.cap_past && max_present <= s.cap_present)
     return;
   s.cap_rows = std::max(s.cap_rows, rows);
@@ -287,10 +289,8 @@ void OrtBackend::keep_rows(const std::vector<size_t>& idx) {
   for (auto& b : s.past)
     for (size_t j = 0; j < idx.size(); ++j)
       if (idx[j] != j) std::memmove(b.data() + j * n, b.data() + idx[j] * n, n * sizeof(float));
-  for (size_t j = 0; j < idx.size(); ++j) {
-    s.temperature[j] = s.temperature[idx[j]], s.top_k[j] = s.top_k[idx[j]], s.top_p_in[j] = s.top_p_in[idx[j]];
-  }
-  s.rows = idx.size();
+  s.rows = idx.size();  // the rows share their sampling parameters
+  s.temperature.resize(s.rows), s.top_k.resize(s.rows), s.top_p_in.resize(s.rows);
 }
 
 void OrtBackend::clear_cache() { impl_->cache_len = 0; }
@@ -303,9 +303,9 @@ uint8_t* OrtBackend::mask() { return impl_->mask.data(); }
 bool OrtBackend::samples() const { return impl_->sampling; }
 float* OrtBackend::sample_u() { return impl_->sample_u.data(); }
 void OrtBackend::set_sampling(float temperature, int64_t top_k, float top_p) {
-  std::fill(impl_->temperature.begin(), impl_->temperature.end(), temperature);
-  std::fill(impl_->top_k.begin(), impl_->top_k.end(), top_k);
-  std::fill(impl_->top_p_in.begin(), impl_->top_p_in.end(), top_p);
+  Impl& s = *impl_;
+  s.temperature1 = temperature, s.top_k1 = top_k, s.top_p1 = top_p;
+  s.temperature.assign(s.rows, temperature), s.top_k.assign(s.rows, top_k), s.top_p_in.assign(s.rows, top_p);
 }
 const int64_t* OrtBackend::top_ids() const { return impl_->top_i.data(); }
 const float* OrtBackend::top_probs() const { return impl_->top_p.data(); }

@@ -21,7 +21,9 @@ def _prompts() -> list[str]:
 
 PROMPTS = _prompts()
 GEN = {"gen_length": 64, "block_length": 16}
-SAMPLED = {"temperature": 0.7, "top_p": 0.9, "seed": 1}
+SAMPLED = {"temperature": 0.7, "top_p": 0.9, "seed": 1}   # the tiny model's tokens stay the greedy ones here,
+HOT = {"temperature": 5.0, "top_p": 0.9, "seed": 1}       # and differ from them in every row here
+SAMPLINGS = {"greedy": {}, "seeded": SAMPLED, "hot": HOT}
 STRATEGIES = {
     "vanilla": {"strategy": "vanilla"},
     "threshold": {"strategy": "threshold"},
@@ -47,13 +49,16 @@ def _cpp(build, artifact, options: dict, tmp_path, env=None) -> list[dict]:
     return [{k: r[k] for k in KEYS} for r in rows]
 
 
-@pytest.mark.parametrize("sampling", ["greedy", "seeded"])
+@pytest.mark.parametrize("sampling", list(SAMPLINGS))
 @pytest.mark.parametrize("case", list(STRATEGIES))
 def test_batch_matches_python_batch(case, sampling, cpp_build, tiny_artifact, py_rt, tmp_path):
-    options = {**STRATEGIES[case], **(SAMPLED if sampling == "seeded" else {})}
+    options = {**STRATEGIES[case], **SAMPLINGS[sampling]}
     want = _python(py_rt, options)
     assert len({len(p) for p in PROMPTS}) > 1                          # the rows are padded
     assert len({w["forwards"] for w in want}) > 1, want                # rows end at different points
+    if sampling == "hot":                                               # the noise reaches every row
+        greedy = _python(py_rt, STRATEGIES[case])
+        assert all(w["token_ids"] != g["token_ids"] for w, g in zip(want, greedy))
     assert _cpp(cpp_build, tiny_artifact[0], options, tmp_path) == want
 
 
@@ -68,6 +73,6 @@ def test_batch_with_a_stop_string_and_budget(cpp_build, tiny_artifact, py_rt, tm
 def test_batch_under_sanitizers(cpp_asan_build, tiny_artifact, py_rt, tmp_path):
     """A seeded spd batch whose rows leave at different blocks, under ASan + UBSan (the KV cache
     and the per-row state compacted as rows leave)."""
-    options = {**STRATEGIES["spd-lossless"], **SAMPLED}
+    options = {**STRATEGIES["spd-lossless"], **HOT}
     got = _cpp(cpp_asan_build, tiny_artifact[0], options, tmp_path, env=ASAN_ENV)
     assert got == _python(py_rt, options)
