@@ -2,6 +2,7 @@
 //
 //   dllm-generate --artifact DIR --prompt TEXT [--strategy vanilla|threshold|spd] [--json] ...
 //   dllm-generate --artifact DIR --prompts-file FILE --json      # one JSON object per line
+//   dllm-generate --artifact DIR --prompts-file FILE --batch-size 4 --json   # 4 prompts per batch
 //
 // --json prints the keys of `dllm-deploy generate --json` (text, token_ids, forwards, tokens, tpf,
 // wall_s, tokens_per_s, beam_width_used, accepted_hist, finished, finish_reason,
@@ -34,6 +35,7 @@ namespace {
 const char* kUsage =
     "usage: dllm-generate --artifact DIR (--prompt TEXT | --prompts-file FILE) [--max-beam-width W]\n"
     "                     [--precision fp32|int8|int4] [--threads N] [--no-verify] [--json] [--stream]\n"
+    "                     [--batch-size N]\n"
     "                     [DECODE OPTIONS]\n"
     "decode options:\n";
 
@@ -126,6 +128,7 @@ void set_option(dllm::Options& options, const std::string& name, const std::stri
 int run(int argc, char** argv) {
   std::string artifact, prompt, prompts_file;
   bool have_prompt = false, json = false, stream = false;
+  size_t batch_size = 1;
   dllm::RuntimeOptions ropt;
   ropt.warnings_to_stderr = false;  // printed below with this program's prefix
   dllm::Options cfg;
@@ -153,6 +156,7 @@ int run(int argc, char** argv) {
     else if (flag == "--prompt") prompt = v, have_prompt = true;
     else if (flag == "--prompts-file") prompts_file = v;
     else if (flag == "--max-beam-width") ropt.max_beam_width = at_least_1(flag, v);
+    else if (flag == "--batch-size") batch_size = static_cast<size_t>(at_least_1(flag, v));
     else if (const std::string name = option_of(flag); !name.empty()) set_option(cfg, name, flag, v);
     else if (flag == "--precision") ropt.precision = v;
     else if (flag == "--threads") ropt.intra_op_threads = to_int(flag, v);
@@ -161,6 +165,8 @@ int run(int argc, char** argv) {
   if (artifact.empty()) throw UsageError{"the following argument is required: --artifact"};
   if (have_prompt == !prompts_file.empty()) throw UsageError{"give exactly one of --prompt and --prompts-file"};
   if (ropt.intra_op_threads < 0) throw UsageError{"argument --threads: must be >= 0"};
+  if (stream && !json && batch_size > 1)
+    throw UsageError{"--stream prints one prompt's text as it comes: use --batch-size 1, or add --json"};
 
   std::vector<std::string> prompts = have_prompt ? std::vector<std::string>{prompt} : read_prompts(prompts_file);
   dllm::Runtime rt(artifact, ropt);
@@ -169,18 +175,22 @@ int run(int argc, char** argv) {
     std::cout << (json ? c.json + "\n" : c.delta) << std::flush;
     return true;
   };
-  for (const std::string& p : prompts) {
-    dllm::Result r = stream ? rt.generate_stream(p, cfg, print_chunk) : rt.generate(p, cfg);
-    const std::string warnings = r.warnings();
-    if (!warnings.empty()) std::cerr << "dllm-generate: warning: " << warnings << "\n";
-    if (json) {
-      std::cout << r.json() << "\n" << std::flush;
-    } else {
-      const dllm::Stats s = r.stats();
-      std::cout << (stream ? "" : r.text()) << "\n" << std::flush;
-      std::fprintf(stderr, "[%lld tokens, %lld forwards, TPF %.2f, %.1f tok/s, beam_width %d, backend ort-cpp, %s]\n",
-                   static_cast<long long>(s.tokens), static_cast<long long>(s.forwards), s.tpf, s.tokens_per_s,
-                   s.beam_width_used, r.finish_reason().c_str());
+  // --batch-size prompts of the file decoded together (one batch, as Python's generate), batch after batch
+  for (size_t first = 0; first < prompts.size(); first += batch_size) {
+    const std::vector<std::string> batch(prompts.begin() + static_cast<long>(first),
+                                         prompts.begin() + static_cast<long>(std::min(first + batch_size, prompts.size())));
+    for (const dllm::Result& r : rt.generate_batch(batch, cfg, stream ? print_chunk : dllm::ChunkCallback())) {
+      const std::string warnings = r.warnings();
+      if (!warnings.empty()) std::cerr << "dllm-generate: warning: " << warnings << "\n";
+      if (json) {
+        std::cout << r.json() << "\n" << std::flush;
+      } else {
+        const dllm::Stats s = r.stats();
+        std::cout << (stream ? "" : r.text()) << "\n" << std::flush;
+        std::fprintf(stderr, "[%lld tokens, %lld forwards, TPF %.2f, %.1f tok/s, beam_width %d, backend ort-cpp, %s]\n",
+                     static_cast<long long>(s.tokens), static_cast<long long>(s.forwards), s.tpf, s.tokens_per_s,
+                     s.beam_width_used, r.finish_reason().c_str());
+      }
     }
   }
   return 0;

@@ -93,18 +93,32 @@ const char* default_text(const char* name) {
   return "";
 }
 
-dllm_error* generate_with(dllm_runtime* rt, const char* prompt, const dllm::detail::DecodeOptions& d,
+// n prompts decoded as one batch into out[0..n) (all NULL on failure).
+dllm_error* generate_with(dllm_runtime* rt, const char* const* prompts, size_t n, const dllm::detail::DecodeOptions& d,
                           dllm_result** out, const dllm::detail::ChunkSink& sink = dllm::detail::ChunkSink()) {
   return guarded([&] {
     if (!out) dllm::detail::user_error("dllm_runtime_generate: out is NULL");
-    *out = nullptr;
+    std::fill(out, out + n, nullptr);
     if (!rt) dllm::detail::user_error("dllm_runtime_generate: runtime is NULL");
-    if (!prompt) dllm::detail::user_error("dllm_runtime_generate: prompt is NULL");
-    auto res = std::make_unique<dllm_result>();
-    res->row = rt->engine->generate(prompt, d, sink);
-    res->json = res->row.to_json();
-    *out = res.release();
+    if (!prompts || n == 0) dllm::detail::user_error("dllm_runtime_generate: no prompt given");
+    std::vector<std::string> texts;
+    for (size_t i = 0; i < n; ++i) {
+      if (!prompts[i]) dllm::detail::user_error("dllm_runtime_generate: prompt " + std::to_string(i) + " is NULL");
+      texts.emplace_back(prompts[i]);
+    }
+    std::vector<std::unique_ptr<dllm_result>> results;
+    for (dllm::detail::RowResult& row : rt->engine->generate(texts, d, sink)) {
+      results.push_back(std::make_unique<dllm_result>());
+      results.back()->json = row.to_json();
+      results.back()->row = std::move(row);
+    }
+    for (size_t i = 0; i < n; ++i) out[i] = results[i].release();
   });
+}
+
+dllm_error* generate_with(dllm_runtime* rt, const char* prompt, const dllm::detail::DecodeOptions& d,
+                          dllm_result** out, const dllm::detail::ChunkSink& sink = dllm::detail::ChunkSink()) {
+  return generate_with(rt, &prompt, 1, d, out, sink);
 }
 
 // The options by name as the engine takes them: gen_length, when not set, is max_tokens.
@@ -116,11 +130,11 @@ dllm::detail::DecodeOptions resolved(const dllm_options* opts) {
 }
 
 // A chunk as the C callback sees it; valid during the call only.
-dllm_chunk c_chunk(const dllm::detail::Chunk& c, const std::string& json) {
+dllm_chunk c_chunk(size_t index, const dllm::detail::Chunk& c, const std::string& json) {
   dllm_chunk out;
   std::memset(&out, 0, sizeof out);
   out.struct_size = sizeof out;
-  out.index = 0;
+  out.index = static_cast<int32_t>(index);
   out.delta = c.delta.c_str();
   out.delta_size = c.delta.size();
   out.token_ids = c.token_ids.data();
@@ -296,13 +310,18 @@ dllm_error* dllm_runtime_generate_options(dllm_runtime* rt, const char* prompt, 
 
 dllm_error* dllm_generate_stream(dllm_runtime* rt, const char* prompt, const dllm_options* opts,
                                  dllm_chunk_callback on_chunk, void* user_data, dllm_result** out) {
+  return dllm_generate_batch(rt, &prompt, 1, opts, on_chunk, user_data, out);
+}
+
+dllm_error* dllm_generate_batch(dllm_runtime* rt, const char* const* prompts, size_t n, const dllm_options* opts,
+                                dllm_chunk_callback on_chunk, void* user_data, dllm_result** out) {
   std::string json;  // the chunk's JSON line, kept alive for the callback
-  const dllm::detail::ChunkSink sink = [&](const dllm::detail::Chunk& c) {
-    json = c.to_json(0);
-    const dllm_chunk chunk = c_chunk(c, json);
+  const dllm::detail::ChunkSink sink = [&](size_t index, const dllm::detail::Chunk& c) {
+    json = c.to_json(static_cast<int>(index));
+    const dllm_chunk chunk = c_chunk(index, c, json);
     return on_chunk(&chunk, user_data) == 0;
   };
-  return generate_with(rt, prompt, resolved(opts), out, on_chunk ? sink : dllm::detail::ChunkSink());
+  return generate_with(rt, prompts, n, resolved(opts), out, on_chunk ? sink : dllm::detail::ChunkSink());
 }
 
 void dllm_result_destroy(dllm_result* res) { delete res; }

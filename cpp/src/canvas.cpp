@@ -110,10 +110,35 @@ size_t anchored(bool anchor, CacheMode mode) {
 
 }  // namespace
 
-Prefix Prefix::of_prompt(const std::vector<int64_t>& prompt) {
-  Prefix p{1, prompt.size(), prompt, {}, std::vector<uint8_t>(prompt.size(), 1), std::vector<int64_t>(prompt.size(), 0)};
-  for (size_t i = 0; i < prompt.size(); ++i) p.positions.push_back(int64_t(i));
+Prefix Prefix::of_prompt(const std::vector<int64_t>& prompt) { return of_prompts({prompt}, 0); }
+
+Prefix Prefix::of_prompts(const std::vector<std::vector<int64_t>>& prompts, int64_t pad_id) {
+  Prefix p;
+  p.rows = prompts.size();
+  for (const auto& x : prompts) p.length = std::max(p.length, x.size());
+  p.ids.assign(p.rows * p.length, pad_id);
+  p.positions.assign(p.rows * p.length, 0);
+  p.valid.assign(p.rows * p.length, 0);
+  p.blocks.assign(p.rows * p.length, 0);
+  for (size_t r = 0; r < p.rows; ++r) {
+    const size_t pad = p.length - prompts[r].size();
+    for (size_t i = 0; i < prompts[r].size(); ++i) {
+      p.ids[r * p.length + pad + i] = prompts[r][i];
+      p.positions[r * p.length + pad + i] = int64_t(i);
+      p.valid[r * p.length + pad + i] = 1;
+    }
+  }
   return p;
+}
+
+void Prefix::take(const std::vector<size_t>& keep) {
+  auto rows_of = [&](auto& v) {
+    for (size_t j = 0; j < keep.size(); ++j)
+      std::copy_n(v.begin() + long(keep[j] * length), length, v.begin() + long(j * length));
+    v.resize(keep.size() * length);
+  };
+  rows_of(ids), rows_of(positions), rows_of(valid), rows_of(blocks);
+  rows = keep.size();
 }
 
 void Prefix::extend(const int64_t* block, size_t n) {

@@ -34,6 +34,9 @@ struct Prefix {
   std::vector<int64_t> blocks;      // (B,P) block id: the prompt 0, generated blocks 1, 2, ...
 
   static Prefix of_prompt(const std::vector<int64_t>& prompt);  // one row, no padding
+  // One row per prompt, left-padded with pad_id to the longest (canvas.py::Prefix.of_prompts).
+  static Prefix of_prompts(const std::vector<std::vector<int64_t>>& prompts, int64_t pad_id);
+  void take(const std::vector<size_t>& keep);   // only the rows keep (ascending) go on
   void extend(const int64_t* block, size_t n);  // a finished block (B,n) joins as the next block id
   int64_t next_position(size_t r, size_t i) const { return positions[r * length + length - 1] + 1 + int64_t(i); }
 };

@@ -22,11 +22,11 @@ struct BlockStatus {
   int64_t stop;
 };
 
-BlockStatus block_status(const std::vector<int64_t>& tokens, int64_t mask_id, int64_t eos_id) {
-  const auto eos = std::find(tokens.begin(), tokens.end(), eos_id);
-  if (std::find(tokens.begin(), eos, mask_id) == eos && eos != tokens.end())
-    return {true, eos - tokens.begin() + 1};
-  return {std::find(tokens.begin(), tokens.end(), mask_id) == tokens.end(), -1};
+BlockStatus block_status(const int64_t* tokens, size_t n, int64_t mask_id, int64_t eos_id) {
+  const int64_t* end = tokens + n;
+  const int64_t* eos = std::find(tokens, end, eos_id);
+  if (std::find(tokens, eos, mask_id) == eos && eos != end) return {true, eos - tokens + 1};
+  return {std::find(tokens, end, mask_id) == end, -1};
 }
 
 }  // namespace
@@ -112,62 +112,78 @@ void Engine::set_beam_width_cap() {
   }
 }
 
-RowResult Engine::generate(const std::string& prompt, const DecodeOptions& cfg_in, const ChunkSink& sink) {
+RowResult Engine::generate(const std::string& prompt, const DecodeOptions& cfg, const ChunkSink& sink) {
+  return std::move(generate(std::vector<std::string>{prompt}, cfg, sink).front());
+}
+
+std::vector<RowResult> Engine::generate(const std::vector<std::string>& prompts, const DecodeOptions& cfg_in,
+                                        const ChunkSink& sink) {
+  if (prompts.empty()) user_error("no prompt given");
   validate(cfg_in);
   if (cfg_in.max_tokens && *cfg_in.max_tokens > cfg_in.gen_length)
     option_error(DLLM_ERROR_BAD_OPTION, "max_tokens",
                  "max tokens (" + std::to_string(*cfg_in.max_tokens) + ") exceeds gen length (" +
                      std::to_string(cfg_in.gen_length) + "): raise --gen-length or leave it out (it defaults to --max-tokens)");
   const ModelConfig& mc = manifest_.model;
-  RowResult out;
-  out.warnings.swap(load_warning_);  // the load's warning rides on the first result only
+  std::string lowered;
   DecodeOptions cfg = cfg_in;
   const int requested = cfg.strategy == "spd" ? cfg.beam_width : 1;
   int width = requested;
   if (width > cap_) {
     width = cap_;
-    const std::string lowered = "beam width " + std::to_string(requested) + " lowered to " + std::to_string(width) +
-                                " (" + cap_reason_ + ")";
-    out.warnings += (out.warnings.empty() ? "" : "; ") + lowered;
+    lowered = "beam width " + std::to_string(requested) + " lowered to " + std::to_string(width) + " (" + cap_reason_ + ")";
     if (options_.warnings_to_stderr) std::fprintf(stderr, "dllm: warning: %s\n", lowered.c_str());
   }
   cfg.beam_width = width;
   const CacheMode mode = resolve_cache(cfg.cache, mc.attention, width);  // width = the Policy's
   const int L = cfg.block_length;
   const int n_blocks = static_cast<int>((static_cast<int64_t>(cfg.gen_length) + L - 1) / L);
-  std::vector<int64_t> encoded = tokenizer_.encode(prompt);
-  if (encoded.empty()) user_error("empty prompt");
   const int64_t budget = static_cast<int64_t>(n_blocks) * L;
-  if (static_cast<int64_t>(encoded.size()) + budget > mc.max_seq)
-    user_error("prompt of " + std::to_string(encoded.size()) + " tokens + " + std::to_string(budget) +
-               " generated exceeds the model's max_seq " + std::to_string(mc.max_seq));
+  std::vector<std::vector<int64_t>> encoded;
+  size_t longest = 0;
+  for (const std::string& prompt : prompts) {
+    encoded.push_back(tokenizer_.encode(prompt));
+    if (encoded.back().empty()) user_error("empty prompt");
+    if (static_cast<int64_t>(encoded.back().size()) + budget > mc.max_seq)
+      user_error("prompt of " + std::to_string(encoded.back().size()) + " tokens + " + std::to_string(budget) +
+                 " generated exceeds the model's max_seq " + std::to_string(mc.max_seq));
+    longest = std::max(longest, encoded.back().size());
+  }
   Policy policy(cfg, mc.mask_token_id);  // after the length check: it sizes its scratch by L
   set_sampling(cfg);
 
+  std::vector<RowResult> out(prompts.size());
+  out.front().warnings.swap(load_warning_);  // the load's warning rides on the first result only
+  for (RowResult& r : out)
+    if (!lowered.empty()) r.warnings += (r.warnings.empty() ? "" : "; ") + lowered;
   const double backend0 = backend_->run_seconds;
   const auto t0 = std::chrono::steady_clock::now();
-  stream_.emplace(cfg.stop, std::min<int64_t>(budget, cfg.max_tokens.value_or(budget)), mc.eos_token_id);
+  streams_.assign(prompts.size(),
+                  RowStream(cfg.stop, std::min<int64_t>(budget, cfg.max_tokens.value_or(budget)), mc.eos_token_id));
   sink_ = sink ? &sink : nullptr, cancelled_ = false, t0_ = t0;
   try {
     run(encoded, cfg, policy, n_blocks, mode, out);
   } catch (const std::bad_alloc&) {
-    fail(DLLM_ERROR_OUT_OF_MEMORY, "out of memory decoding at beam width " + std::to_string(width) + " (prompt of " +
-                                       std::to_string(encoded.size()) + " tokens + " + std::to_string(budget) +
-                                       " generated)");
+    fail(DLLM_ERROR_OUT_OF_MEMORY, "out of memory decoding at beam width " + std::to_string(width) + " (" +
+                                       (prompts.size() > 1 ? std::to_string(prompts.size()) + " prompts of up to " : "prompt of ") +
+                                       std::to_string(longest) + " tokens + " + std::to_string(budget) + " generated)");
   }
   const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-
-  out.text = stream_->text();
-  out.token_ids = stream_->ids();
-  out.finish_reason = cancelled_ ? "cancelled" : stream_->finish_reason();
-  out.finished = out.finish_reason == "eos" || out.finish_reason == "stop";
-  out.tokens = static_cast<int64_t>(out.token_ids.size());
-  out.tpf = static_cast<double>(out.tokens) / static_cast<double>(std::max<int64_t>(out.forwards, 1));
-  out.wall_s = wall;
-  out.tokens_per_s = wall > 0 ? static_cast<double>(out.tokens) / wall : 0.0;
-  out.backend_s = backend_->run_seconds - backend0;
-  out.beam_width_used = policy.width();
-  out.beam_width_requested = requested;
+  for (size_t i = 0; i < out.size(); ++i) {
+    RowResult& o = out[i];
+    const RowStream& st = streams_[i];
+    o.text = st.text();
+    o.token_ids = st.ids();
+    o.finish_reason = st.finished() ? st.finish_reason() : "cancelled";
+    o.finished = o.finish_reason == "eos" || o.finish_reason == "stop";
+    o.tokens = static_cast<int64_t>(o.token_ids.size());
+    o.tpf = static_cast<double>(o.tokens) / static_cast<double>(std::max<int64_t>(o.forwards, 1));
+    o.wall_s = wall;
+    o.tokens_per_s = wall > 0 ? static_cast<double>(o.tokens) / wall : 0.0;
+    o.backend_s = backend_->run_seconds - backend0;
+    o.beam_width_used = policy.width();
+    o.beam_width_requested = requested;
+  }
   return out;
 }
 
@@ -186,75 +202,90 @@ void Engine::set_sampling(const DecodeOptions& cfg) {
     backend_->set_sampling(static_cast<float>(cfg.temperature), cfg.top_k, static_cast<float>(cfg.top_p));
 }
 
-// The decode loop (loop.py::_Run.decode): the first block, then each block decoded until it is
-// full or ends, its tokens kept, and the next block started (commit or refresh).
-void Engine::run(const std::vector<int64_t>& prompt, const DecodeOptions& cfg, Policy& policy, int n_blocks,
-                 CacheMode mode, RowResult& out) {
+// The decode loop (loop.py::_Run.decode): the first block, then each block decoded until every
+// live row's block is full or ends, the rows' tokens kept, the finished rows dropped and the
+// next block started (commit or refresh) for the others.
+void Engine::run(const std::vector<std::vector<int64_t>>& prompts, const DecodeOptions& cfg, Policy& policy,
+                 int n_blocks, CacheMode mode, std::vector<RowResult>& out) {
   const ModelConfig& mc = manifest_.model;
   mode_ = mode, L_ = static_cast<size_t>(cfg.block_length), n_blocks_ = static_cast<size_t>(n_blocks);
   mask_id_ = mc.mask_token_id, eos_id_ = mc.eos_token_id;
   bidi_ = mc.attention != "block_causal";
   anchor_ = mc.shift_logits;  // canvas.cpp keeps it out of mode none
-  size_buffers(prompt, n_blocks_, mode, static_cast<size_t>(policy.width()));
+  size_buffers(prompts, n_blocks_, mode, static_cast<size_t>(policy.width()));
   depths_ = node_depths(policy.spec());
-  out.accepted_hist.assign(W_ + 2, 0);
-  done_.clear();
+  for (RowResult& o : out) o.accepted_hist.assign(W_ + 2, 0), o.forwards = 1;
   first_block();
-  out.forwards = 1;
-  for (size_t k = 0; k < n_blocks_; ++k) {
-    if (decode_block(k, policy, out) || k == n_blocks_ - 1) break;
-    done_.insert(done_.end(), state_.begin(), state_.end());  // no EOS: it would have finished the row
+  for (size_t k = 0;; ++k) {
+    decode_block(k, policy, out);
+    if (cancelled_ || !finish_block(k)) break;
     next_block(k);
-    out.forwards += 1;
+    for (size_t row : rows_) out[row].forwards += 1;
   }
-  if (!stream_->finished() && !cancelled_)  // the canvas's last report reaches the budget
-    fail(DLLM_ERROR_INTERNAL, "internal error: the decode ended without a finish reason");
-  while (out.accepted_hist.size() > 1 && out.accepted_hist.back() == 0) out.accepted_hist.pop_back();
+  for (size_t i = 0; i < out.size(); ++i) {
+    if (!streams_[i].finished() && !cancelled_)  // the canvas's last report reaches the budget
+      fail(DLLM_ERROR_INTERNAL, "internal error: the decode ended without a finish reason");
+    std::vector<int64_t>& hist = out[i].accepted_hist;
+    while (hist.size() > 1 && hist.back() == 0) hist.pop_back();
+  }
 }
 
-// The report after a forward (docs/streaming.md): the row's final ids (the finished blocks, then
-// the current block's committed left-to-right prefix) into the stream, a chunk to the sink when
-// one is due. True when decoding stops here: the row finished, or the sink cancelled.
-bool Engine::report(RowResult& out) {
-  final_ = done_;
-  final_.insert(final_.end(), state_.begin(), std::find(state_.begin(), state_.end(), mask_id_));
-  if (!stream_->report(final_, out.forwards, &chunk_)) return false;
-  if (out.time_to_first_token_s < 0 && !chunk_.token_ids.empty())
-    out.time_to_first_token_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0_).count();
-  if (sink_ && !(*sink_)(chunk_) && !stream_->finished()) cancelled_ = true;
-  return cancelled_ || stream_->finished();
+// The report after a forward (docs/streaming.md; loop.py::_Run.report): each live row's final ids
+// (its finished blocks, then its block's committed left-to-right prefix) into its stream, a chunk
+// to the sink when one is due; a row whose stream finished stops. True when the sink cancelled.
+bool Engine::report(std::vector<RowResult>& out) {
+  for (size_t r = 0; r < B(); ++r) {
+    const size_t row = rows_[r];
+    if (streams_[row].finished()) continue;  // its ids stay as they were: no chunk is due
+    const int64_t* block = state_.data() + r * L_;
+    final_ = done_[row];
+    final_.insert(final_.end(), block, std::find(block, block + L_, mask_id_));
+    if (!streams_[row].report(final_, out[row].forwards, &chunk_)) continue;
+    if (out[row].time_to_first_token_s < 0 && !chunk_.token_ids.empty())
+      out[row].time_to_first_token_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0_).count();
+    if (streams_[row].finished()) stopped_[row] = 1;
+    if (sink_ && !(*sink_)(row, chunk_) && !streams_[row].finished()) return cancelled_ = true;
+  }
+  return false;
 }
 
 // Every buffer sized once (max_tokens new tokens over max_past cached, prefills within
-// max_present). Block-causal: the fused prefill (p+L), a verification (W*L) or a commit (2L), over
-// a cache of at most the prompt and the committed blocks (none: that prefix comes in front of the
-// new tokens, nothing is cached). Bidirectional: the canvas N per refresh (none: per step),
-// prefix-mode branches W*(L+S) with S up to (n_blocks-1)*L, dual ones W*L, over a cache of at
-// most N-L (the prefix, dual: and the suffix); an anchor adds one token per branch.
-void Engine::size_buffers(const std::vector<int64_t>& prompt, size_t n_blocks, CacheMode mode, size_t W) {
+// max_present, per row). Block-causal: the fused prefill (p+L), a verification (W*L) or a commit
+// (2L), over a cache of at most the prompt and the committed blocks (none: that prefix comes in
+// front of the new tokens, nothing is cached). Bidirectional: the canvas N per refresh (none: per
+// step), prefix-mode branches W*(L+S) with S up to (n_blocks-1)*L, dual ones W*L, over a cache of
+// at most N-L (the prefix, dual: and the suffix); an anchor adds one token per branch.
+void Engine::size_buffers(const std::vector<std::vector<int64_t>>& prompts, size_t n_blocks, CacheMode mode,
+                          size_t W) {
   OrtBackend& be = *backend_;
-  const size_t L = L_, p = prompt.size(), N = p + n_blocks * L;
+  prefix_ = Prefix::of_prompts(prompts, manifest_.model.pad_token_id);
+  const size_t L = L_, p = prefix_.length, N = p + n_blocks * L, b = prompts.size();
   const bool none = mode == CacheMode::kNone;
   W_ = W, K_ = static_cast<size_t>(be.topk());
   if (bidi_)
-    be.reserve(std::max(N, W * ((anchor_ && !none ? 1 : 0) + (mode == CacheMode::kPrefix ? n_blocks * L : L))),
+    be.reserve(b, std::max(N, W * ((anchor_ && !none ? 1 : 0) + (mode == CacheMode::kPrefix ? n_blocks * L : L))),
                none ? 0 : N - L, none ? 0 : N);
   else if (none)
-    be.reserve(N - L + std::max(W * L, 2 * L), 0, 0);
+    be.reserve(b, N - L + std::max(W * L, 2 * L), 0, 0);
   else
-    be.reserve(std::max({p + L, W * L, 2 * L}), N, N);
-  state_.resize(L);
-  nodes_.resize(W * L);
-  fi_.resize(L * K_);
-  fp_.resize(L * K_);
-  vi_.resize(W * L * K_);
-  vp_.resize(W * L * K_);
-  branch_steps_.resize(W);
-  prefix_ = Prefix::of_prompt(prompt);
+    be.reserve(b, std::max({p + L, W * L, 2 * L}), N, N);
+  rows_.resize(b);
+  for (size_t r = 0; r < b; ++r) rows_[r] = r;
+  done_.assign(b, {});
+  stopped_.assign(b, 0);
+  state_.resize(b * L);
+  nodes_.resize(b * W * L);
+  fi_.resize(b * L * K_);
+  fp_.resize(b * L * K_);
+  vi_.resize(b * W * L * K_);
+  vp_.resize(b * W * L * K_);
+  branch_steps_.resize(b * W);
+  step_.resize(b);
+  full_.resize(b);
   be.clear_cache();
 }
 
-// The first block's state, all masks, and f of it (loop.py::_Run.first_block): the prompt is
+// The first block's states, all masks, and f of them (loop.py::_Run.first_block): the prompts are
 // prefilled here, fused with the block (block-causal) or as the canvas's prefix (bidirectional).
 void Engine::first_block() {
   std::fill(state_.begin(), state_.end(), mask_id_);
@@ -263,51 +294,84 @@ void Engine::first_block() {
   run_plan(plan, nullptr, fi_.data(), fp_.data());
 }
 
-// Fills block k's state S until it is full or ends (loop.py::_Run.decode_block): W drafts, one
-// verify forward over them, then the selection as deep as verification allows. Each forward's
-// report follows the base rule's next step (node 0, which every selection reaches); true when a
-// report stopped decoding (the row finished or was cancelled).
-bool Engine::decode_block(size_t k, Policy& policy, RowResult& out) {
-  const size_t L = L_, K = K_;
-  int64_t step = 0;  // rule steps taken
-  auto take_node0 = [&] {
-    policy.plan(state_.data(), fi_.data(), fp_.data(), static_cast<int>(K), step, nodes_.data());
-    std::copy(nodes_.begin(), nodes_.begin() + static_cast<long>(L), state_.begin());  // node 0 is known exactly
-  };
-  take_node0();
+// Fills block k of every live row until each is full or ends (loop.py::_Run.decode_block): W
+// drafts per row, one verify forward over them all, then each row's selection as deep as
+// verification allows. A row that waits (its block done, or the row stopped) still rides in the
+// forward, as in Python, but its results are ignored and it is not charged. Each forward's report
+// follows the base rule's next step (node 0, which every selection reaches).
+void Engine::decode_block(size_t k, Policy& policy, std::vector<RowResult>& out) {
+  const size_t L = L_, K = K_, W = W_, b = B();
+  const int k_int = static_cast<int>(K);
+  std::fill_n(step_.begin(), b, 0);
+  std::fill_n(full_.begin(), b, 0);
   for (;;) {
-    if (report(out)) return true;
-    if (block_status(state_, mask_id_, eos_id_).done) return false;
-    for (size_t w = 0; w < W_; ++w) branch_steps_[w] = step + depths_[w] + 1;
+    for (size_t r = 0; r < b; ++r) {
+      int64_t* block = state_.data() + r * L;
+      policy.plan(block, fi_.data() + r * L * K, fp_.data() + r * L * K, k_int, step_[r], nodes_.data() + r * W * L);
+      if (full_[r]) continue;
+      std::copy_n(nodes_.begin() + static_cast<long>(r * W * L), L, block);  // node 0 is known exactly
+      full_[r] = block_status(block, L, mask_id_, eos_id_).done;
+    }
+    if (report(out)) return;
+    bool waiting = true;
+    for (size_t r = 0; r < b; ++r) full_[r] |= stopped_[rows_[r]], waiting &= full_[r] != 0;
+    if (waiting) return;
+    for (size_t r = 0; r < b; ++r)
+      for (size_t w = 0; w < W; ++w) branch_steps_[r * W + w] = step_[r] + depths_[w] + 1;
     run_plan(verify_plan(k), branch_steps_.data(), vi_.data(), vp_.data());
-    int64_t steps = 0;
-    const size_t cur = static_cast<size_t>(policy.select(nodes_.data(), vi_.data(), vp_.data(), static_cast<int>(K),
-                                                         step, &steps));
-    out.forwards += 1;
-    out.accepted_hist[static_cast<size_t>(steps)] += 1;
-    std::copy(nodes_.begin() + static_cast<long>(cur * L), nodes_.begin() + static_cast<long>((cur + 1) * L),
-              state_.begin());
-    std::copy(vi_.begin() + static_cast<long>(cur * L * K), vi_.begin() + static_cast<long>((cur + 1) * L * K),
-              fi_.begin());
-    std::copy(vp_.begin() + static_cast<long>(cur * L * K), vp_.begin() + static_cast<long>((cur + 1) * L * K),
-              fp_.begin());
-    step += steps;
-    if (!block_status(state_, mask_id_, eos_id_).done) take_node0();
+    for (size_t r = 0; r < b; ++r) {
+      if (full_[r]) continue;
+      int64_t steps = 0;
+      const size_t cur = static_cast<size_t>(policy.select(nodes_.data() + r * W * L, vi_.data() + r * W * L * K,
+                                                           vp_.data() + r * W * L * K, k_int, step_[r], &steps));
+      RowResult& o = out[rows_[r]];
+      o.forwards += 1;
+      o.accepted_hist[static_cast<size_t>(steps)] += 1;
+      std::copy_n(nodes_.begin() + static_cast<long>((r * W + cur) * L), L, state_.begin() + static_cast<long>(r * L));
+      std::copy_n(vi_.begin() + static_cast<long>((r * W + cur) * L * K), L * K, fi_.begin() + static_cast<long>(r * L * K));
+      std::copy_n(vp_.begin() + static_cast<long>((r * W + cur) * L * K), L * K, fp_.begin() + static_cast<long>(r * L * K));
+      step_[r] += steps;
+      full_[r] = block_status(state_.data() + r * L, L, mask_id_, eos_id_).done;
+    }
   }
 }
 
-// The verify forward of block k's W drafted states (nodes_): a tree over the cache
+// Each row's block k joins its tokens (up to its EOS) (loop.py::_Run.finish_block); the rows that
+// go on (no EOS, not stopped, blocks left) stay, the others leave the batch with their cache rows
+// (PrefixState.keep). True when some row goes on.
+bool Engine::finish_block(size_t k) {
+  std::vector<size_t> keep;
+  for (size_t r = 0; r < B(); ++r) {
+    const int64_t* block = state_.data() + r * L_;
+    const BlockStatus st = block_status(block, L_, mask_id_, eos_id_);
+    std::vector<int64_t>& done = done_[rows_[r]];
+    done.insert(done.end(), block, block + (st.stop >= 0 ? st.stop : static_cast<int64_t>(L_)));
+    if (st.stop < 0 && !stopped_[rows_[r]] && k + 1 < n_blocks_) keep.push_back(r);
+  }
+  if (keep.empty()) return false;
+  if (keep.size() == B()) return true;
+  for (size_t j = 0; j < keep.size(); ++j) {
+    rows_[j] = rows_[keep[j]];
+    std::copy_n(state_.begin() + static_cast<long>(keep[j] * L_), L_, state_.begin() + static_cast<long>(j * L_));
+  }
+  rows_.resize(keep.size());
+  prefix_.take(keep);
+  backend_->keep_rows(keep);
+  return true;
+}
+
+// The verify forward of block k's drafted states (nodes_, W per row): a tree over the cache
 // (block-causal) or W branches of the canvas (bidirectional).
 Plan Engine::verify_plan(size_t k) const {
   if (bidi_) return canvas_verify(prefix_, nodes_.data(), W_, L_, suffix_len(k), mask_id_, mode_, anchor_);
   return tree_verify(prefix_, nodes_.data(), W_, L_, mode_);
 }
 
-// Block k joins the prefix; the next block's state (all masks) and f of it (loop.py::
-// _Run.next_block): one fused forward commits the block's KV (block-causal), or one forward over
+// Block k joins the prefix; the next block's states (all masks) and f of them (loop.py::
+// _Run.next_block): one fused forward commits the blocks' KV (block-causal), or one forward over
 // the canvas refreshes the cache (bidirectional).
 void Engine::next_block(size_t k) {
-  const std::vector<int64_t> nxt(L_, mask_id_);
+  const std::vector<int64_t> nxt(B() * L_, mask_id_);
   Plan plan;
   if (bidi_) {
     prefix_.extend(state_.data(), L_);
@@ -316,18 +380,19 @@ void Engine::next_block(size_t k) {
     plan = commit_next(prefix_, state_.data(), nxt.data(), L_, mode_);
     prefix_.extend(state_.data(), L_);
   }
-  state_ = nxt;
+  std::copy(nxt.begin(), nxt.end(), state_.begin());
   run_plan(plan, nullptr, fi_.data(), fp_.data());
 }
 
 // One engine call (prefix.py::PrefixState.run): the plan's tokens, positions and mask into the
-// backend, a prefill (keep > 0) or a verify over the cache it names; top ids/probs (W,L,K) at the
-// plan's read columns into top_ids/top_probs.
+// backend, a prefill (keep > 0) or a verify over the cache it names; top ids/probs (B,W,L,K) at
+// the plan's read columns into top_ids/top_probs.
 void Engine::run_plan(const Plan& plan, const int64_t* steps, int64_t* top_ids, float* top_probs) {
   OrtBackend& be = *backend_;
   if (plan.cache != PlanCache::kReuse) be.clear_cache();
-  if (plan.rows != 1 || plan.cached != be.cache_length())
-    fail(DLLM_ERROR_INTERNAL, "a plan over " + std::to_string(plan.cached) + " cached positions met a cache of " +
+  if (plan.rows != B() || plan.rows != be.rows() || plan.cached != be.cache_length())
+    fail(DLLM_ERROR_INTERNAL, "a plan over " + std::to_string(plan.rows) + " rows and " + std::to_string(plan.cached) +
+                                  " cached positions met " + std::to_string(be.rows()) + " rows and a cache of " +
                                   std::to_string(be.cache_length()));
   std::copy(plan.ids.begin(), plan.ids.end(), be.ids());
   std::copy(plan.positions.begin(), plan.positions.end(), be.pos());
@@ -337,25 +402,28 @@ void Engine::run_plan(const Plan& plan, const int64_t* steps, int64_t* top_ids, 
     be.prefill(plan.tokens, plan.keep);
   else
     be.verify(plan.tokens);
-  const size_t K = K_;
-  for (size_t i = 0; i < plan.read.size(); ++i) {
-    const size_t col = static_cast<size_t>(plan.read[i]);
-    std::copy(be.top_ids() + col * K, be.top_ids() + (col + 1) * K, top_ids + i * K);
-    std::copy(be.top_probs() + col * K, be.top_probs() + (col + 1) * K, top_probs + i * K);
-  }
+  const size_t K = K_, T = plan.tokens, R = plan.read.size();
+  for (size_t r = 0; r < plan.rows; ++r)
+    for (size_t i = 0; i < R; ++i) {
+      const size_t col = r * T + static_cast<size_t>(plan.read[i]);
+      std::copy_n(be.top_ids() + col * K, K, top_ids + (r * R + i) * K);
+      std::copy_n(be.top_probs() + col * K, K, top_probs + (r * R + i) * K);
+    }
 }
 
 // sample_u of one call (prefix.py::PrefixState.run): a read column serves its branch's step
-// (steps[w]; a block-start forward: 0), a column not read back step 0; the uniform of a column is
+// (steps[r*W+w] in row r; a block-start forward: 0), a column not read back step 0; the uniform of a column is
 // that of its position id at its step. Greedy rows feed zeros (the graph takes the top-1).
 void Engine::fill_noise(const Plan& plan, const int64_t* steps) {
   float* u = backend_->sample_u();
-  if (!sampling_) return std::fill(u, u + plan.tokens, 0.0f);
-  col_steps_.assign(plan.tokens, 0);
+  const size_t T = plan.tokens, n = plan.rows * T, W = plan.branches, G = plan.length;
+  if (!sampling_) return std::fill(u, u + n, 0.0f);
+  col_steps_.assign(n, 0);
   if (steps)
-    for (size_t w = 0; w < plan.branches; ++w)
-      for (size_t l = 0; l < plan.length; ++l) col_steps_[static_cast<size_t>(plan.read[w * plan.length + l])] = steps[w];
-  for (size_t t = 0; t < plan.tokens; ++t) u[t] = sample_uniform(seed_, request_, plan.positions[t], col_steps_[t]);
+    for (size_t r = 0; r < plan.rows; ++r)
+      for (size_t w = 0; w < W; ++w)
+        for (size_t l = 0; l < G; ++l) col_steps_[r * T + static_cast<size_t>(plan.read[w * G + l])] = steps[r * W + w];
+  for (size_t i = 0; i < n; ++i) u[i] = sample_uniform(seed_, request_, plan.positions[i], col_steps_[i]);
 }
 
 }  // namespace dllm::detail

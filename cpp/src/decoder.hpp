@@ -1,5 +1,5 @@
-// The decode loop for one prompt (batch 1): a port of dllm_deploy/runtime/loop.py (_Run) that is
-// token-identical to it, counters included, in the same steps:
+// The decode loop for a batch of prompts: a port of dllm_deploy/runtime/loop.py (_Run) that is
+// token-identical to it, counters included, in the same steps (each over the live rows, B):
 //     first_block                        the first block's all-mask state and f of it
 //     per block, decode_block:           until the block is full or ends (block_status)
 //         nodes = policy.plan(S, f(S))       # W drafted block states (node 0 = base rule's step)
@@ -11,7 +11,12 @@
 // artifact) each forward also feeds every token's uniform: a pure function of (seed, request,
 // position, base-rule step), so a drafted node sees the noise its base-rule step would.
 //
-// Dimension legend: p prompt tokens, L block length, W beam width, K top-k, N = p + n_blocks * L.
+// Rows move block by block in lockstep: a row whose block is full waits for the others (its
+// results are ignored and it is not charged the forward); a finished row (EOS, a stop string, the
+// budget) leaves the batch at the end of the block, its cache rows with it.
+//
+// Dimension legend: B live rows, p longest prompt (the rows are left-padded to it), L block length,
+// W beam width, K top-k, N = p + n_blocks * L.
 #pragma once
 
 #include <chrono>
@@ -62,8 +67,9 @@ struct EngineOptions {
 // loop.py::resolve_cache (the same messages): the mode a model and beam width W run under.
 CacheMode resolve_cache(const std::string& mode, const std::string& attention, int width);
 
-// Called on the decoding thread with each chunk (stream.hpp); false cancels the generation.
-using ChunkSink = std::function<bool(const Chunk&)>;
+// Called on the decoding thread with each chunk (stream.hpp) of row `index` (the prompt's position
+// in the call); false cancels the generation.
+using ChunkSink = std::function<bool(size_t index, const Chunk&)>;
 
 class Engine {
  public:
@@ -72,21 +78,27 @@ class Engine {
   // chunks as they become final. A cancelled generation returns what was delivered, finish_reason
   // "cancelled"; the engine stays usable.
   RowResult generate(const std::string& prompt, const DecodeOptions& cfg, const ChunkSink& sink = ChunkSink());
+  // The prompts decoded together as one batch (every row under cfg): one result per prompt. A
+  // cancel ends every row that has not finished ("cancelled").
+  std::vector<RowResult> generate(const std::vector<std::string>& prompts, const DecodeOptions& cfg,
+                                  const ChunkSink& sink = ChunkSink());
   int max_seq() const { return manifest_.model.max_seq; }
   int max_beam_width() const { return cap_; }
 
  private:
   void set_beam_width_cap();
-  void run(const std::vector<int64_t>& prompt, const DecodeOptions& cfg, Policy& policy, int n_blocks,
-           CacheMode mode, RowResult& out);
-  bool report(RowResult& out);  // after every forward: the row's final ids to the stream; true: stop decoding
-  void size_buffers(const std::vector<int64_t>& prompt, size_t n_blocks, CacheMode mode, size_t W);
+  void run(const std::vector<std::vector<int64_t>>& prompts, const DecodeOptions& cfg, Policy& policy,
+           int n_blocks, CacheMode mode, std::vector<RowResult>& out);
+  bool report(std::vector<RowResult>& out);  // after every forward: the rows' final ids to their streams; true: cancelled
+  void size_buffers(const std::vector<std::vector<int64_t>>& prompts, size_t n_blocks, CacheMode mode, size_t W);
   void first_block();
-  bool decode_block(size_t k, Policy& policy, RowResult& out);  // true: the row finished (or was cancelled)
+  void decode_block(size_t k, Policy& policy, std::vector<RowResult>& out);
+  bool finish_block(size_t k);  // the rows' tokens kept; the finished rows leave; true: some row goes on
   void next_block(size_t k);
   Plan verify_plan(size_t k) const;
   size_t suffix_len(size_t k) const { return bidi_ ? (n_blocks_ - k - 1) * L_ : 0; }
-  // steps: the base-rule step each of the plan's W branches serves (noise.hpp; NULL: a
+  size_t B() const { return rows_.size(); }
+  // steps (B,W): the base-rule step each of the plan's branches serves (noise.hpp; NULL: a
   // block-start forward, step 0).
   void run_plan(const Plan& plan, const int64_t* steps, int64_t* top_ids, float* top_probs);
   void fill_noise(const Plan& plan, const int64_t* steps);
@@ -108,22 +120,26 @@ class Engine {
   bool sampling_ = false;        // temperature > 0: each fed token gets its uniform
   uint64_t seed_ = 0, request_ = 0;
   std::vector<int> depths_;      // (W,) the policy's node depths
-  std::vector<int64_t> branch_steps_;  // (W,) the step each verified node serves
-  std::vector<int64_t> col_steps_;     // (T,) the step of each fed column
-  Prefix prefix_;                // prompt + committed blocks
-  std::vector<int64_t> done_;    // the finished blocks' tokens
+  std::vector<int64_t> branch_steps_;  // (B,W) the step each verified node serves
+  std::vector<int64_t> col_steps_;     // (B,T) the step of each fed column
+  Prefix prefix_;                // (B,P) prompts + committed blocks
+  std::vector<size_t> rows_;     // (B,) live row -> its prompt's index
+  std::vector<std::vector<int64_t>> done_;  // per prompt: its finished blocks' tokens
+  std::vector<uint8_t> stopped_; // per prompt: finished by its report (stop string, EOS, budget)
   std::vector<int64_t> final_;   // scratch: done_ + the current block's committed prefix
-  std::optional<RowStream> stream_;
+  std::vector<RowStream> streams_;  // per prompt
   const ChunkSink* sink_ = nullptr;
   Chunk chunk_;
   bool cancelled_ = false;
   std::chrono::steady_clock::time_point t0_;
-  std::vector<int64_t> state_;   // (L,)   the block state S
-  std::vector<int64_t> nodes_;   // (W,L)  drafted states
-  std::vector<int64_t> fi_;      // (L,K)  f(S): top ids
-  std::vector<float> fp_;        // (L,K)  f(S): top probabilities
-  std::vector<int64_t> vi_;      // (W,L,K) f(nodes): top ids
-  std::vector<float> vp_;        // (W,L,K) f(nodes): top probabilities
+  std::vector<int64_t> state_;   // (B,L)   the block states S
+  std::vector<int64_t> nodes_;   // (B,W,L) drafted states
+  std::vector<int64_t> fi_;      // (B,L,K) f(S): top ids
+  std::vector<float> fp_;        // (B,L,K) f(S): top probabilities
+  std::vector<int64_t> vi_;      // (B,W,L,K) f(nodes): top ids
+  std::vector<float> vp_;        // (B,W,L,K) f(nodes): top probabilities
+  std::vector<int64_t> step_;    // (B,) rule steps taken in the block
+  std::vector<uint8_t> full_;    // (B,) the row's block is full (or ended) or the row stopped
 };
 
 }  // namespace dllm::detail

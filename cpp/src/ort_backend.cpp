@@ -85,24 +85,26 @@ struct OrtBackend::Impl {
   std::deque<std::string> name_store;  // stable addresses for the const char* lists
   std::vector<const char*> prefill_in, prefill_out, verify_in, verify_out;
 
-  size_t cap_tokens = 0, cap_past = 0, cap_present = 0, cache_len = 0;
-  std::vector<int64_t> ids, pos;
-  std::vector<uint8_t> mask;
-  std::vector<float> sample_u;              // (T,)
-  float temperature = 0.0f, top_p_in = 1.0f;   // the row's sampling parameters (greedy: 0, 0, 1)
-  int64_t top_k = 0;
-  std::vector<std::vector<float>> past;     // 2 per layer: (Hkv, P, D)
-  std::vector<std::vector<float>> present;  // 2 per layer: (Hkv, P+T, D)
-  std::vector<int64_t> top_i;               // (T, K)
-  std::vector<float> top_p;                 // (T, K)
+  size_t rows = 1, cap_rows = 0, cap_tokens = 0, cap_past = 0, cap_present = 0, cache_len = 0;
+  std::vector<int64_t> ids, pos;            // (B,T)
+  std::vector<uint8_t> mask;                // (B,T,P+T)
+  std::vector<float> sample_u;              // (B,T)
+  float temperature1 = 0.0f, top_p1 = 1.0f;  // every row's sampling parameters (greedy: 0, 0, 1)
+  int64_t top_k1 = 0;
+  std::vector<float> temperature, top_p_in; // (B,) fed: the above per row
+  std::vector<int64_t> top_k;               // (B,)
+  std::vector<std::vector<float>> past;     // 2 per layer: (B, Hkv, P, D)
+  std::vector<std::vector<float>> present;  // 2 per layer: (B, Hkv, P+T, D)
+  std::vector<int64_t> top_i;               // (B,T,K)
+  std::vector<float> top_p;                 // (B,T,K)
   std::vector<Ort::Value> in_values, out_values;
 
   void add_inputs(size_t t) {
-    const int64_t P = static_cast<int64_t>(cache_len), T = static_cast<int64_t>(t);
-    const int64_t ids_shape[2] = {1, T}, row_shape[1] = {1};
-    const int64_t mask_shape[4] = {1, 1, T, P + T};
-    const int64_t past_shape[4] = {1, hkv, P, d};
-    const size_t past_bytes = static_cast<size_t>(hkv * P * d) * sizeof(float);
+    const int64_t B = static_cast<int64_t>(rows), P = static_cast<int64_t>(cache_len), T = static_cast<int64_t>(t);
+    const int64_t ids_shape[2] = {B, T}, row_shape[1] = {B};
+    const int64_t mask_shape[4] = {B, 1, T, P + T};
+    const int64_t past_shape[4] = {B, hkv, P, d};
+    const size_t past_bytes = static_cast<size_t>(B * hkv * P * d) * sizeof(float), bt = rows * t;
     auto tensor = [&](void* data, size_t bytes, const int64_t* shape, size_t rank, Feed f) {
       in_values.push_back(Ort::Value::CreateTensor(mem, data, bytes, shape, rank, element_type(f)));
     };
@@ -110,24 +112,25 @@ struct OrtBackend::Impl {
     size_t next_past = 0;
     for (Feed f : feeds) {
       switch (f) {
-        case Feed::kIds: tensor(ids.data(), t * sizeof(int64_t), ids_shape, 2, f); break;
-        case Feed::kPos: tensor(pos.data(), t * sizeof(int64_t), ids_shape, 2, f); break;
-        case Feed::kMask: tensor(mask.data(), static_cast<size_t>(T * (P + T)), mask_shape, 4, f); break;
-        case Feed::kSampleU: tensor(sample_u.data(), t * sizeof(float), ids_shape, 2, f); break;
-        case Feed::kTemperature: tensor(&temperature, sizeof(float), row_shape, 1, f); break;
-        case Feed::kTopK: tensor(&top_k, sizeof(int64_t), row_shape, 1, f); break;
-        case Feed::kTopP: tensor(&top_p_in, sizeof(float), row_shape, 1, f); break;
+        case Feed::kIds: tensor(ids.data(), bt * sizeof(int64_t), ids_shape, 2, f); break;
+        case Feed::kPos: tensor(pos.data(), bt * sizeof(int64_t), ids_shape, 2, f); break;
+        case Feed::kMask: tensor(mask.data(), static_cast<size_t>(B * T * (P + T)), mask_shape, 4, f); break;
+        case Feed::kSampleU: tensor(sample_u.data(), bt * sizeof(float), ids_shape, 2, f); break;
+        case Feed::kTemperature: tensor(temperature.data(), rows * sizeof(float), row_shape, 1, f); break;
+        case Feed::kTopK: tensor(top_k.data(), rows * sizeof(int64_t), row_shape, 1, f); break;
+        case Feed::kTopP: tensor(top_p_in.data(), rows * sizeof(float), row_shape, 1, f); break;
         case Feed::kPast: tensor(past[next_past++].data(), past_bytes, past_shape, 4, f); break;
       }
     }
   }
 
   void add_top_outputs(size_t t) {
-    const int64_t top_shape[3] = {1, static_cast<int64_t>(t), k};
+    const int64_t top_shape[3] = {static_cast<int64_t>(rows), static_cast<int64_t>(t), k};
+    const size_t n = rows * t * static_cast<size_t>(k);
     out_values.clear();
-    out_values.push_back(Ort::Value::CreateTensor(mem, top_i.data(), t * k * sizeof(int64_t), top_shape, 3,
+    out_values.push_back(Ort::Value::CreateTensor(mem, top_i.data(), n * sizeof(int64_t), top_shape, 3,
                                                   ONNX_TENSOR_ELEMENT_DATA_TYPE_INT64));
-    out_values.push_back(Ort::Value::CreateTensor(mem, top_p.data(), t * k * sizeof(float), top_shape, 3,
+    out_values.push_back(Ort::Value::CreateTensor(mem, top_p.data(), n * sizeof(float), top_shape, 3,
                                                   ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT));
   }
 
@@ -148,6 +151,7 @@ struct OrtBackend::Impl {
   // order and probabilities.
   void demote_excluded(size_t t) {
     if (host_excluded.empty()) return;
+    t *= rows;
     auto excluded = [&](int64_t id) {
       return std::find(host_excluded.begin(), host_excluded.end(), id) != host_excluded.end();
     };
@@ -258,25 +262,40 @@ OrtBackend::OrtBackend(const Manifest& m, int intra_op_threads) : impl_(new Impl
 
 OrtBackend::~OrtBackend() = default;
 
-void OrtBackend::reserve(size_t max_tokens, size_t max_past, size_t max_present) {
+void OrtBackend::reserve(size_t rows, size_t max_tokens, size_t max_past, size_t max_present) {
   Impl& s = *impl_;
-  if (max_tokens <= s.cap_tokens && max_past <= s.cap_past && max_present <= s.cap_present) return;
+  s.rows = rows;
+  s.temperature.assign(rows, s.temperature1), s.top_k.assign(rows, s.top_k1), s.top_p_in.assign(rows, s.top_p1);
+  if (rows <= s.cap_rows && max_tokens <= s.cap_tokens && max_past <= s.cap_past && max_present <= s.cap_present)
+    return;
+  s.cap_rows = std::max(s.cap_rows, rows);
   s.cap_tokens = std::max(s.cap_tokens, max_tokens);
   s.cap_past = std::max(s.cap_past, max_past);
   s.cap_present = std::max(s.cap_present, max_present);
-  const size_t T = s.cap_tokens, P = s.cap_past, row = static_cast<size_t>(s.hkv) * s.d;
-  s.ids.resize(T);
-  s.pos.resize(T);
-  s.sample_u.resize(T);
-  s.mask.resize(T * (P + T));
-  s.top_i.resize(T * s.k);
-  s.top_p.resize(T * s.k);
-  for (auto& b : s.past) b.resize(std::max<size_t>(1, row * P));
-  for (auto& b : s.present) b.resize(std::max<size_t>(1, row * s.cap_present));
+  const size_t B = s.cap_rows, T = s.cap_tokens, P = s.cap_past, row = static_cast<size_t>(s.hkv) * s.d;
+  s.ids.resize(B * T);
+  s.pos.resize(B * T);
+  s.sample_u.resize(B * T);
+  s.mask.resize(B * T * (P + T));
+  s.top_i.resize(B * T * s.k);
+  s.top_p.resize(B * T * s.k);
+  for (auto& b : s.past) b.resize(std::max<size_t>(1, B * row * P));
+  for (auto& b : s.present) b.resize(std::max<size_t>(1, B * row * s.cap_present));
+}
+
+void OrtBackend::keep_rows(const std::vector<size_t>& idx) {
+  Impl& s = *impl_;
+  const size_t n = static_cast<size_t>(s.hkv) * s.cache_len * s.d;  // one row's cache, (Hkv, P, D)
+  for (auto& b : s.past)
+    for (size_t j = 0; j < idx.size(); ++j)
+      if (idx[j] != j) std::memmove(b.data() + j * n, b.data() + idx[j] * n, n * sizeof(float));
+  s.rows = idx.size();  // the rows share their sampling parameters
+  s.temperature.resize(s.rows), s.top_k.resize(s.rows), s.top_p_in.resize(s.rows);
 }
 
 void OrtBackend::clear_cache() { impl_->cache_len = 0; }
 size_t OrtBackend::cache_length() const { return impl_->cache_len; }
+size_t OrtBackend::rows() const { return impl_->rows; }
 int OrtBackend::topk() const { return impl_->k; }
 int64_t* OrtBackend::ids() { return impl_->ids.data(); }
 int64_t* OrtBackend::pos() { return impl_->pos.data(); }
@@ -284,7 +303,9 @@ uint8_t* OrtBackend::mask() { return impl_->mask.data(); }
 bool OrtBackend::samples() const { return impl_->sampling; }
 float* OrtBackend::sample_u() { return impl_->sample_u.data(); }
 void OrtBackend::set_sampling(float temperature, int64_t top_k, float top_p) {
-  impl_->temperature = temperature, impl_->top_k = top_k, impl_->top_p_in = top_p;
+  Impl& s = *impl_;
+  s.temperature1 = temperature, s.top_k1 = top_k, s.top_p1 = top_p;
+  s.temperature.assign(s.rows, temperature), s.top_k.assign(s.rows, top_k), s.top_p_in.assign(s.rows, top_p);
 }
 const int64_t* OrtBackend::top_ids() const { return impl_->top_i.data(); }
 const float* OrtBackend::top_probs() const { return impl_->top_p.data(); }
@@ -296,17 +317,17 @@ void OrtBackend::prefill(size_t t, size_t keep) {
     fail(DLLM_ERROR_INTERNAL, "prefill larger than the reserved buffers");
   s.add_inputs(t);
   s.add_top_outputs(t);
-  const int64_t present_shape[4] = {1, s.hkv, static_cast<int64_t>(total), s.d};
+  const int64_t present_shape[4] = {static_cast<int64_t>(s.rows), s.hkv, static_cast<int64_t>(total), s.d};
   const size_t row = static_cast<size_t>(s.hkv) * s.d;
   for (auto& buf : s.present)
-    s.out_values.push_back(Ort::Value::CreateTensor(s.mem, buf.data(), row * total * sizeof(float), present_shape, 4,
-                                                    ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT));
+    s.out_values.push_back(Ort::Value::CreateTensor(s.mem, buf.data(), s.rows * row * total * sizeof(float),
+                                                    present_shape, 4, ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT));
   s.run(s.prefill, s.prefill_in, s.prefill_out, run_seconds);
   s.demote_excluded(t);
-  // cache <- present[:, :, :end] per layer, (Hkv, end, D) contiguous
-  const size_t d = static_cast<size_t>(s.d);
+  // cache <- present[:, :, :end] per layer, (B, Hkv, end, D) contiguous
+  const size_t d = static_cast<size_t>(s.d), heads = s.rows * static_cast<size_t>(s.hkv);
   for (size_t b = 0; b < s.past.size(); ++b)
-    for (int h = 0; h < s.hkv; ++h)
+    for (size_t h = 0; h < heads; ++h)
       std::memcpy(s.past[b].data() + h * end * d, s.present[b].data() + h * total * d, end * d * sizeof(float));
   s.cache_len = end;
 }

@@ -49,12 +49,13 @@ def flags(options: dict) -> list[str]:
     return out
 
 
-def generate_many(build: Path, artifact, prompts: list[str], options: dict, tmp_path: Path, extra=()) -> list[dict]:
+def generate_many(build: Path, artifact, prompts: list[str], options: dict, tmp_path: Path, extra=(),
+                  env: dict | None = None) -> list[dict]:
     """All prompts in one dllm-generate process (--prompts-file, JSON lines)."""
     pfile = tmp_path / "prompts.jsonl"
     pfile.write_text("".join(json.dumps(p) + "\n" for p in prompts))
     r = run_generate(build, "--artifact", str(artifact), "--prompts-file", str(pfile), "--json",
-                     *flags(options), *extra)
+                     *flags(options), *extra, env=env)
     assert r.returncode == 0, r.stderr
     return [json.loads(line) for line in r.stdout.splitlines()]
 

@@ -39,8 +39,10 @@ extern "C" {
  * 4: sampling (temperature, top_k, top_p, seed: implemented; schema-3 artifacts), stop conditions
  *    (max_tokens, stop: each dllm_options_set(opts, "stop", s) appends, "" clears),
  *    dllm_result_finish_reason, dllm_result_time_to_first_token_s, streaming (dllm_generate_stream,
- *    dllm_chunk); the result's JSON gains finish_reason and time_to_first_token_s. */
-#define DLLM_ABI_VERSION 4
+ *    dllm_chunk); the result's JSON gains finish_reason and time_to_first_token_s.
+ * 5: batches (dllm_generate_batch): several prompts decoded together, one result each; a chunk's
+ *    index is its prompt's position in the call. */
+#define DLLM_ABI_VERSION 5
 
 /* dllm_decode_config.steps when no LLaDA step count is given (vanilla commits tokens_per_step per
  * step). Any other value below 1 is refused with an error that names `steps`. */
@@ -180,7 +182,7 @@ DLLM_API dllm_error* dllm_runtime_generate_options(dllm_runtime* rt, const char*
 
 typedef struct dllm_chunk {
   uint32_t struct_size;         /* sizeof(dllm_chunk): later versions add fields at the end */
-  int32_t index;                /* the prompt's row in the call: 0 (one prompt per call) */
+  int32_t index;                /* the prompt's position in the call (0 for one prompt) */
   const char* delta;            /* new text, UTF-8, NUL-terminated (delta_size bytes before the NUL) */
   size_t delta_size;
   const int64_t* token_ids;     /* new final token ids (token_count; the last chunk may have none) */
@@ -195,6 +197,21 @@ typedef int (*dllm_chunk_callback)(const dllm_chunk* chunk, void* user_data);
 
 DLLM_API dllm_error* dllm_generate_stream(dllm_runtime* rt, const char* prompt, const dllm_options* opts,
                                           dllm_chunk_callback on_chunk, void* user_data, dllm_result** out);
+
+/* ---- batches ------------------------------------------------------------------------------
+ * dllm_generate_batch decodes n prompts together, as Python's Runtime.generate(prompts, ...) does:
+ * one batch of n rows (prompts left-padded to the longest) moving block by block in lockstep, every
+ * row under opts; a row that finishes (EOS, a stop string, its budget) leaves the batch at the end
+ * of its block. Each row's tokens and counters are those of Python's batch. On success out[i]
+ * (the caller's array of n) owns prompt i's result; on failure every out[i] is NULL. on_chunk may
+ * be NULL; otherwise it is called as in dllm_generate_stream, dllm_chunk.index naming the prompt,
+ * and a non-zero return cancels every row that has not finished ("cancelled"). wall_s and
+ * backend_s of each result are the whole call's. dllm_generate_stream(rt, p, ...) is
+ * dllm_generate_batch(rt, &p, 1, ...). */
+
+DLLM_API dllm_error* dllm_generate_batch(dllm_runtime* rt, const char* const* prompts, size_t n,
+                                         const dllm_options* opts, dllm_chunk_callback on_chunk, void* user_data,
+                                         dllm_result** out);
 
 /* ---- results ------------------------------------------------------------------------------ */
 

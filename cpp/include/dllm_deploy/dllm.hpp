@@ -203,6 +203,13 @@ class Runtime {
 
   // generate, with on_chunk called as text becomes final (dllm_generate_stream).
   Result generate_stream(const std::string& prompt, const Options& options, const ChunkCallback& on_chunk) {
+    return std::move(generate_batch({prompt}, options, on_chunk).front());
+  }
+
+  // The prompts decoded together as one batch, one result each (dllm_generate_batch); on_chunk
+  // (optional) sees every row's chunks, Chunk::index naming the prompt.
+  std::vector<Result> generate_batch(const std::vector<std::string>& prompts, const Options& options,
+                                     const ChunkCallback& on_chunk = ChunkCallback()) {
     struct Call {
       const ChunkCallback& fn;
       std::exception_ptr error;
@@ -216,11 +223,15 @@ class Runtime {
         return 1;
       }
     };
-    dllm_result* r = nullptr;
-    detail::check(dllm_generate_stream(h_.get(), prompt.c_str(), options.get(), trampoline, &call, &r));
-    Result result(r);
+    std::vector<const char*> texts;
+    for (const std::string& p : prompts) texts.push_back(p.c_str());
+    std::vector<dllm_result*> raw(prompts.size(), nullptr);
+    detail::check(dllm_generate_batch(h_.get(), texts.data(), texts.size(), options.get(),
+                                      on_chunk ? dllm_chunk_callback(trampoline) : nullptr, &call, raw.data()));
+    std::vector<Result> results;
+    for (dllm_result* r : raw) results.emplace_back(r);
     if (call.error) std::rethrow_exception(call.error);
-    return result;
+    return results;
   }
 
   int max_seq() const { return dllm_runtime_max_seq(h_.get()); }
