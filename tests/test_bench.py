@@ -1,6 +1,7 @@
 """`dllm-deploy bench` / `report`: the JSON's structure and invariants (never speed), the tuner's
 rules on a hand-made result, the overlay it writes, the plots and the generated markdown."""
 import json
+from pathlib import Path
 
 import pytest
 import yaml
@@ -95,6 +96,23 @@ def test_report_markdown_and_plots(bench_run, tmp_path):
     assert [p.stem for p in pngs] == sorted(report.PLOTS)
     assert all(p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" for p in pngs)
     assert all(f"]({'../plots/' + p.name})" in text for p in pngs)   # links relative to the doc
+
+
+def test_report_adds_the_serving_load_table(tmp_path):
+    """The committed bench and load-test results give the load section, its ratios computed from the
+    load JSON (tokens/s of one level, three servers measured in one run); a bad load file: one line."""
+    root = Path(__file__).resolve().parents[1]
+    load = json.loads((root / "benchmarks" / "load-ab.json").read_text())
+    doc = tmp_path / "B.md"
+    assert main(["report", str(root / "benchmarks" / "bench.json"), "--out", str(doc),
+                 "--load-test", str(root / "benchmarks" / "load-ab.json")]) == 0
+    text = doc.read_text()
+    assert "## Serving load test" in text
+    for c, r in load["levels"].items():
+        one, cont = r["one-at-a-time"]["tokens_per_s"], r["continuous"]["tokens_per_s"]
+        assert f"| {c} | {one:.1f} |" in text and f"| {cont / one:.2f}x |" in text
+    (tmp_path / "bad.json").write_text('{"runs": []}')
+    assert main(["report", str(root / "benchmarks" / "bench.json"), "--load-test", str(tmp_path / "bad.json")]) == 2
 
 
 def test_report_rejects_non_bench_json(tmp_path):
