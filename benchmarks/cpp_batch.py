@@ -22,12 +22,7 @@ REPO = Path(__file__).resolve().parents[1]
 def prompts(n: int) -> list[str]:
     """The first eval prompt of n families (different lengths)."""
     from dllm_deploy.evals import tasks
-    out, seen = [], set()
-    for ex in tasks.eval_split():
-        if ex.family not in seen:
-            seen.add(ex.family)
-            out.append(ex.prompt)
-    return out[:n]
+    return [ex.prompt for ex in tasks.eval_split(n=1)][:n]
 
 
 def tokens_per_s(binary: Path, artifact: str, pfile: Path, batch: int, decode: list[str]) -> float:

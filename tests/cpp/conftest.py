@@ -63,9 +63,4 @@ def generate_many(build: Path, artifact, prompts: list[str], options: dict, tmp_
 def first_prompts(n: int) -> list[str]:
     """The first eval prompt of n families: different lengths and answer shapes."""
     from dllm_deploy.evals import tasks
-    out, seen = [], set()
-    for ex in tasks.eval_split():
-        if ex.family not in seen:
-            seen.add(ex.family)
-            out.append(ex.prompt)
-    return out[:n]
+    return [ex.prompt for ex in tasks.eval_split(n=1)][:n]
