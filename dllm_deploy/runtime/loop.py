@@ -16,7 +16,8 @@ others (its results are ignored and it is not charged the forward); a finished r
 every position before it committed, a stop string, or the budget spent) leaves the batch at the
 end of the block. After every forward the loop reports each live row's final tokens
 (``_Run.report``): ``Decoder.stream`` turns them into chunks of text (stream.py), and
-``Decoder.generate`` is that stream collected (docs/streaming.md).
+``Decoder.generate`` is that stream collected (docs/streaming.md). With an exact cache, rows may
+join a running batch at a block boundary (``join``: continuous batching, docs/serving.md).
 
 Dimension legend: B rows, L block length, W beam width, K top-k.
 """
