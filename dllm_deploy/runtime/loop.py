@@ -274,7 +274,7 @@ class Decoder:
         self.max_beam_width = max_beam_width
         self.cap_reason = "the artifact's max_beam_width"   # what set max_beam_width (for the warning)
 
-    def check_rows(self, rows: list[RowOptions]) -> None:
+    def check_sampling(self, rows: list[RowOptions]) -> None:
         """Sampling needs graphs that sample (schema 3), and a top-k within their pool."""
         be = self.backend
         if be.sample_pool is None:
@@ -289,7 +289,8 @@ class Decoder:
                             "from (its sampling pool; export --sample-pool sets it)")
 
     def _check_rows(self, rows: list[RowOptions] | None, n: int, dcfg: DecodeConfig) -> list[RowOptions]:
-        """One RowOptions per prompt (default: RowOptions()), their budgets within the canvas."""
+        """One RowOptions per prompt (default: RowOptions()), their budgets within the canvas and their
+        sampling within what the backend can do."""
         if rows is None:
             return [RowOptions()] * n
         rows = list(rows)
@@ -302,6 +303,7 @@ class Decoder:
             if r.max_tokens is not None and r.max_tokens > dcfg.gen_length:
                 raise OptionError("bad_option", "max_tokens", f"max tokens ({r.max_tokens}) exceeds gen length "
                                   f"({dcfg.gen_length})", OPTIONS["max_tokens"].flag)
+        self.check_sampling(rows)
         return rows
 
     def _prepare(self, prompts: list[str], dcfg: DecodeConfig, rows: list[RowOptions] | None, join=None):
@@ -313,7 +315,6 @@ class Decoder:
         if L < 1 or dcfg.gen_length < 1:
             raise UserError("block length and gen length must be >= 1")
         rows = self._check_rows(rows, len(prompts), dcfg)
-        self.check_rows(rows)
         requested = width = dcfg.beam_width if dcfg.strategy == "spd" else 1
         if self.max_beam_width is not None and width > self.max_beam_width:
             width = self.max_beam_width
@@ -342,7 +343,6 @@ class Decoder:
             if not new:
                 return []
             rows = self._check_rows([o for _, o in new], len(new), dcfg)
-            self.check_rows(rows)
             return [(self._encode(p, span), o) for (p, _), o in zip(new, rows)]
         return take
 
