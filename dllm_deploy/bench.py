@@ -142,6 +142,7 @@ class Config:
     strategy: str                 # vanilla | threshold | spd
     beam_width: int = 1
     threshold: float = 0.9
+    threshold_floor: float | None = None   # threshold rule: dynamic tau down to this floor
     select: str = "lossless"
     base: str = "vanilla"
     cache: str = "auto"           # vanilla baseline: none (LLaDA recomputes everything)
@@ -158,7 +159,7 @@ class Config:
             if self.tree != DEFAULT_TREE:
                 extra += f" {self.tree}"
         elif self.strategy == "threshold":
-            extra = f" tau{self.threshold}"
+            extra = f" tau{self.threshold}" + (f">{self.threshold_floor}" if self.threshold_floor else "")
         else:
             extra = " no-cache" if self.cache == "none" else ""
         if self.temperature > 0:
@@ -173,6 +174,8 @@ class Config:
 
     def decode_kwargs(self, gen_length: int) -> dict:
         kw = {"strategy": self.strategy, "threshold": self.threshold, "gen_length": gen_length, "cache": self.cache}
+        if self.threshold_floor:
+            kw["threshold_floor"] = self.threshold_floor
         if self.strategy == "spd":
             kw.update(beam_width=self.beam_width, select=self.select, base=self.base, tree=self.tree)
         if self.temperature > 0:
@@ -180,8 +183,11 @@ class Config:
         return kw
 
 
-def configurations(backends, strategies, beam_widths, thresholds, tree: str = DEFAULT_TREE, seeds=()) -> list[Config]:
-    """Every greedy configuration, then (``seeds``) each cached one again sampling with each seed."""
+def configurations(backends, strategies, beam_widths, thresholds, tree: str = DEFAULT_TREE, seeds=(),
+                   threshold_floors=()) -> list[Config]:
+    """Every greedy configuration, then (``seeds``) each cached one again sampling with each seed.
+    ``threshold_floors``: the threshold rule again with a dynamic tau from each threshold down to
+    each floor below it."""
     out = []
     for be in backends:
         for s in strategies:
@@ -191,6 +197,8 @@ def configurations(backends, strategies, beam_widths, thresholds, tree: str = DE
                 out.append(Config(be, "vanilla"))
             elif s == "threshold":
                 out += [Config(be, "threshold", threshold=t) for t in thresholds]
+                out += [Config(be, "threshold", threshold=t, threshold_floor=f) for t in thresholds
+                        for f in threshold_floors if f < t]
             elif s == "spd":
                 for w in beam_widths:
                     if w < 1:
@@ -284,7 +292,8 @@ def _peak_memory(artifact: str, widths, block_length: int, prefix: int) -> dict[
 def run_bench(artifact: str, backends=("torch", "ort"), strategies=("vanilla", "threshold", "spd"),
               beam_widths=(1, 2, 4, 8), thresholds=(0.9,), families=None, n: int = 5, repeats: int = 3,
               gen_length: int = 256, tree: str = DEFAULT_TREE, batch_size: int = 1, cost_repeats: int = 5,
-              memory: bool = False, device: str = "cpu", progress=None, seeds=()) -> dict:
+              memory: bool = False, device: str = "cpu", progress=None, seeds=(), threshold_floors=(),
+              quality_budget: float = 0.01) -> dict:
     from .evals import tasks
     from .evals.harness import run_eval
     from .profiles.memory import estimate_bytes
@@ -310,7 +319,7 @@ def run_bench(artifact: str, backends=("torch", "ort"), strategies=("vanilla", "
             runtimes[be] = cpp_binary()
         else:
             raise UserError(f"unknown backend {be!r} (expected some of torch, ort, cpp)")
-    configs = configurations(backends, strategies, beam_widths, thresholds, tree, seeds)
+    configs = configurations(backends, strategies, beam_widths, thresholds, tree, seeds, threshold_floors)
     if not configs:
         raise UserError("nothing to measure: no strategy selected")
     cap = ort_rt.decoder.max_beam_width
@@ -380,8 +389,40 @@ def run_bench(artifact: str, backends=("torch", "ort"), strategies=("vanilla", "
            "gen_length": gen_length, "batch_size": batch_size, "block_length": L, "tree": tree, "torch_device": device,
            "forward_cost": cost, "runs": runs}
     out["ratios"] = ratios(runs)
+    out["equal_quality"] = equal_quality(runs, quality_budget)
     out["targets"] = targets(out)
     return out
+
+
+def quality_reference(runs: list[dict]) -> dict | None:
+    """The run whose accuracy is the quality bar: LLaDA vanilla (one token per step) without a
+    cache on torch, else vanilla on any backend (every backend decodes the same prompts)."""
+    vanilla = [r for r in runs if r["strategy"] == "vanilla" and not r.get("temperature")]
+    order = sorted(vanilla, key=lambda r: (r["backend"] != "torch", r.get("cache") != "none"))
+    return order[0] if order else None
+
+
+def equal_quality(runs: list[dict], budget: float = 0.01) -> dict | None:
+    """Per backend, the fastest greedy configuration whose accuracy is within ``budget`` (0.01: one
+    point) of the vanilla reference's, and its tokens/s over LLaDA vanilla no-cache on torch."""
+    ref = quality_reference(runs)
+    if ref is None:
+        return None
+    llada = _best(runs, backend="torch", strategy="vanilla", cache="none")
+    per = {}
+    for be in sorted({r["backend"] for r in runs}):
+        ok = [r for r in runs if r["backend"] == be and not r.get("temperature")
+              and r["accuracy"] >= ref["accuracy"] - budget - 1e-9]
+        if not ok:
+            continue
+        pick = max(ok, key=lambda r: r["tokens_per_s"])
+        fastest = max((r for r in runs if r["backend"] == be and not r.get("temperature")), key=lambda r: r["tokens_per_s"])
+        per[be] = {"pick": pick["label"], "accuracy": pick["accuracy"], "tpf": pick["tpf"], "tokens_per_s": pick["tokens_per_s"],
+                   "vs_llada": pick["tokens_per_s"] / llada["tokens_per_s"] if llada else None,
+                   "any_quality_pick": fastest["label"], "any_quality_accuracy": fastest["accuracy"],
+                   "any_quality_vs_llada": fastest["tokens_per_s"] / llada["tokens_per_s"] if llada else None}
+    return {"reference": ref["label"], "reference_accuracy": ref["accuracy"], "budget": budget,
+            "llada": llada["label"] if llada else None, "backends": per}
 
 
 def ratios(runs: list[dict]) -> dict:
@@ -411,16 +452,22 @@ def targets(res: dict, tuned: dict | None = None) -> list[dict]:
                     "note": note})
 
     spd_ort = _best(runs, backend="ort", strategy="spd")
-    fast_ort = tuned or spd_ort            # --tune may fall back to the threshold baseline: say so
     vanilla_torch = _best(runs, backend="torch", strategy="vanilla", cache="none")
+    eq = res.get("equal_quality") or equal_quality(runs)
+    ort_eq = (eq or {}).get("backends", {}).get("ort")
+    if ort_eq and ort_eq["vs_llada"] is not None:
+        v = ort_eq["vs_llada"]
+        add("Equal quality (accuracy within 1 point of vanilla) on ONNX Runtime vs LLaDA vanilla no-cache on torch",
+            ">= 30x", v, v >= 30, f"{ort_eq['pick']} (accuracy {ort_eq['accuracy']:.3f}) vs {eq['llada']} "
+            f"(reference {eq['reference']}, accuracy {eq['reference_accuracy']:.3f})")
+    else:
+        add("Equal quality on ONNX Runtime vs LLaDA vanilla no-cache on torch", ">= 30x", None, None,
+            "needs --backends torch,ort and --strategies vanilla,...")
+    fast_ort = tuned or spd_ort
     if fast_ort and vanilla_torch:
         v = fast_ort["tokens_per_s"] / vanilla_torch["tokens_per_s"]
-        add("SPD on ONNX Runtime (tuned) vs LLaDA vanilla no-cache on torch", ">= 30x", v, v >= 30,
-            f"{fast_ort['label']} vs {vanilla_torch['label']}"
-            + (" (--tune kept the threshold baseline: no SPD configuration was faster)" if fast_ort["strategy"] != "spd" else ""))
-    else:
-        add("SPD on ONNX Runtime vs LLaDA vanilla no-cache on torch", ">= 30x", None, None,
-            "needs --backends torch,ort and --strategies vanilla,spd")
+        add("SPD on ONNX Runtime (tuned; any quality) vs LLaDA vanilla no-cache on torch", ">= 30x", v, v >= 30,
+            f"{fast_ort['label']} (accuracy {fast_ort['accuracy']:.3f}) vs {vanilla_torch['label']}")
     rs = {k: v for k, v in res["ratios"].items() if ":spd" in k and k.endswith("/ torch")}
     if rs:
         med = statistics.median(rs.values())
@@ -446,18 +493,22 @@ def targets(res: dict, tuned: dict | None = None) -> list[dict]:
     return out
 
 
-def tune(res: dict, backend: str = "ort", quality_budget: float = 0.0) -> dict:
-    """The (beam_width, threshold, mode) with the best measured tokens/s on ``backend`` whose
-    accuracy is within ``quality_budget`` of the threshold baseline's; never slower than that
-    baseline (if nothing beats it, the baseline itself is the pick)."""
+def tune(res: dict, backend: str = "ort", quality_budget: float = 0.01) -> dict:
+    """The decode configuration (strategy, W, tau, mode) with the best measured tokens/s on
+    ``backend`` whose accuracy is within ``quality_budget`` (0.01: one point) of the vanilla
+    reference's (``quality_reference``): the fastest at equal quality. ``baseline`` is the fastest
+    threshold run at that quality (the pick itself when there is none)."""
+    ref = quality_reference(res["runs"])
+    if ref is None:
+        raise UserError("--tune needs the vanilla reference in the run (--strategies vanilla,threshold,spd)")
     runs = [r for r in res["runs"] if r["backend"] == backend and not r.get("temperature")]   # greedy runs only
-    base = _best(runs, strategy="threshold")
-    if base is None:
-        raise UserError("--tune needs the threshold baseline in the run (--strategies threshold,spd)")
-    ok = [r for r in runs if r["strategy"] == "spd" and r["accuracy"] >= base["accuracy"] - quality_budget
-          and r["tokens_per_s"] > base["tokens_per_s"]]
-    pick = max(ok, key=lambda r: r["tokens_per_s"]) if ok else base
-    return {"pick": pick, "baseline": base, "quality_budget": quality_budget,
+    ok = [r for r in runs if r["accuracy"] >= ref["accuracy"] - quality_budget - 1e-9]
+    if not ok:
+        raise UserError(f"no {backend} configuration is within {quality_budget} of the reference's accuracy "
+                        f"({ref['label']}, {ref['accuracy']:.3f})")
+    pick = max(ok, key=lambda r: r["tokens_per_s"])
+    base = max((r for r in ok if r["strategy"] == "threshold"), key=lambda r: r["tokens_per_s"], default=pick)
+    return {"pick": pick, "baseline": base, "reference": ref, "quality_budget": quality_budget,
             "speedup_vs_threshold": pick["tokens_per_s"] / base["tokens_per_s"]}
 
 

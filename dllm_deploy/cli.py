@@ -116,7 +116,7 @@ def cmd_eval(a) -> int:
     dcfg = rt.decode_config(**_decode_kwargs(a))
     bar = _progress(len(families) * a.n, f"eval {dcfg.strategy}", not a.json and sys.stderr.isatty())
     res = run_eval(rt.decoder, dcfg, families=families, n=a.n, batch_size=a.batch_size, progress=bar,
-                   row=row_options(**_decode_kwargs(a)))
+                   row=row_options(**_decode_kwargs(a)), split=a.split)
     if "text" in wanted:
         from .evals.harness import masked_nll
         res["open_text"] = masked_nll(rt.backend, rt.tokenizer, rt.config, n=a.n)
@@ -125,7 +125,7 @@ def cmd_eval(a) -> int:
     if a.json:
         print(json.dumps(res))
     else:
-        print(f"strategy {res['strategy']}  backend {res['backend']}")
+        print(f"strategy {res['strategy']}  backend {res['backend']}  split {res['split']} ({tasks.SPLITS[res['split']]})")
         print(f"{'task':<10}{'acc':>7}{'n':>5}{'TPF':>8}{'forwards':>10}{'tokens':>8}{'tok/s':>9}")
         for name, s in list(res["tasks"].items()) + [("overall", res["overall"])]:
             print(f"{name:<10}{s['accuracy']:>7.3f}{s['n']:>5}{s['tpf']:>8.2f}{s['forwards']:>10}{s['tokens']:>8}{s['tokens_per_s']:>9.1f}")
@@ -174,11 +174,15 @@ def cmd_bench(a) -> int:
     if a.tune and a.tune_out:
         _check_overlay_target(Path(a.tune_out))     # before the run, not after minutes of measuring
     seeds = _csv(a.seeds, int) if a.seeds else []
-    total = len(configurations(backends, strategies, widths, taus, a.tree, seeds)) * a.repeats + len(backends)
+    floors = _csv(a.threshold_floors, float) if a.threshold_floors else []
+    if not 0 <= a.quality_budget < 1:
+        raise UserError("--quality-budget is an accuracy difference in [0, 1) (0.01: one point)")
+    total = len(configurations(backends, strategies, widths, taus, a.tree, seeds, floors)) * a.repeats + len(backends)
     bar = _progress(total, "bench", sys.stderr.isatty() and not a.quiet)
     res = run_bench(a.artifact, backends, strategies, widths, taus, families, n=a.n, repeats=a.repeats,
                     gen_length=a.gen_length, tree=a.tree, batch_size=a.batch_size, memory=a.memory,
-                    cost_repeats=3 if a.quick else 5, device=a.device, progress=bar, seeds=seeds)
+                    cost_repeats=3 if a.quick else 5, device=a.device, progress=bar, seeds=seeds,
+                    threshold_floors=floors, quality_budget=a.quality_budget)
     if a.tune:
         from .profiles import get_profile
         t = tune(res, backend="ort" if "ort" in backends else backends[0], quality_budget=a.quality_budget)
@@ -187,7 +191,7 @@ def cmd_bench(a) -> int:
         from .profiles import user_profile_dir
         path = Path(a.tune_out) if a.tune_out else user_profile_dir() / f"{overlay['name']}.yaml"
         _write_yaml(path, overlay)
-        res["tune"] = {"pick": t["pick"]["label"], "baseline": t["baseline"]["label"],
+        res["tune"] = {"pick": t["pick"]["label"], "baseline": t["baseline"]["label"], "reference": t["reference"]["label"],
                        "speedup_vs_threshold": t["speedup_vs_threshold"], "quality_budget": a.quality_budget,
                        "overlay": str(path)}
         res["targets"] = targets(res, tuned=t["pick"])
@@ -209,12 +213,19 @@ def cmd_bench(a) -> int:
         print(f"forward cost {be}: " + ", ".join(f"W{r['beam_width']} {r['ms']:.1f} ms" for r in rows))
     for k, v in res["ratios"].items():
         print(f"ratio {k}: {v:.2f}x")
+    eq = res.get("equal_quality")
+    if eq:
+        print(f"equal quality: accuracy >= {eq['reference_accuracy']:.3f} - {eq['budget']} ({eq['reference']})")
+        for be, e in eq["backends"].items():
+            vs = "" if e["vs_llada"] is None else f", {e['vs_llada']:.1f}x LLaDA vanilla no-cache (any quality: {e['any_quality_vs_llada']:.1f}x, {e['any_quality_pick']})"
+            print(f"  {be}: {e['pick']} accuracy {e['accuracy']:.3f}, {e['tokens_per_s']:.1f} tok/s{vs}")
     for t in res["targets"]:
         met = "n/a" if t["met"] is None else ("met" if t["met"] else "MISSED")
         val = "n/a" if t["measured"] is None else f"{t['measured']:.3g}"
         print(f"target {t['target']} ({t['goal']}): {val} {met}")
     if a.tune:
-        print(f"tuned: {res['tune']['pick']} ({res['tune']['speedup_vs_threshold']:.2f}x threshold) -> {res['tune']['overlay']}")
+        print(f"tuned: {res['tune']['pick']} (fastest within {a.quality_budget} of {res['tune']['reference']}; "
+              f"{res['tune']['speedup_vs_threshold']:.2f}x {res['tune']['baseline']}) -> {res['tune']['overlay']}")
     return 0
 
 
@@ -253,12 +264,18 @@ def _write_yaml(path: Path, data: dict) -> None:
 def cmd_report(a) -> int:
     from . import report
     from .bench import targets
+    from .bench import equal_quality
     res = report.load(a.bench_json)
+    before = report.load(a.before) if a.before else None
+    for r in (res, before):
+        if r is not None:       # recomputed: the doc follows the current rules
+            r["equal_quality"] = equal_quality(r["runs"], (r.get("equal_quality") or {}).get("budget", 0.01))
     pick = next((r for r in res["runs"] if res.get("tune") and r["label"] == res["tune"]["pick"]), None)
-    res["targets"] = targets(res, tuned=pick)       # recomputed: the doc follows the current rules
-    paths = report.plots(res, a.plots) if a.plots else []
+    res["targets"] = targets(res, tuned=pick)
+    paths = report.plots(res, a.plots, before=before) if a.plots else []
     load = report.load_test(a.load_test) if a.load_test else None
-    text = report.markdown(res, paths, a.out, source=a.bench_json, load=load, load_source=a.load_test)
+    text = report.markdown(res, paths, a.out, source=a.bench_json, load=load, load_source=a.load_test,
+                           before=before, before_source=a.before)
     if a.out:
         _write_file(Path(a.out), text)
         print(f"wrote {a.out}" + (f" and {len(paths)} plots in {a.plots}" if paths else ""), file=sys.stderr)
@@ -438,6 +455,33 @@ def cmd_triton_repo(a) -> int:
     return 0
 
 
+def cmd_distill(a) -> int:
+    from .distill import DistillConfig, distill
+    mix = dict(DistillConfig().mix)
+    for item in filter(None, (a.mix or "").split(",")):
+        fam, _, w = item.partition("=")
+        try:
+            mix[fam] = float(w)
+        except ValueError:
+            raise UserError(f"--mix: expected FAMILY=WEIGHT, got {item!r}") from None
+    c = DistillConfig(steps=a.steps, batch=a.batch, lr=a.lr, seed=a.seed, entropy_weight=a.entropy_weight,
+                      entropy_temperature=a.entropy_temperature, teacher_prompts=a.teacher_prompts,
+                      reference_share=a.reference_share, gen_length=a.gen_length, threads=a.threads,
+                      time_limit=a.time_limit, mix=mix)
+    tty = sys.stderr.isatty() and not a.json
+    log = (lambda msg: None) if a.json else (lambda msg: print(msg, file=sys.stderr))
+    rec = distill(a.model, a.out, teacher=a.teacher, prompts=a.prompts, dcfg=c, force=a.force, log=log,
+                  progress=(lambda label, total: _progress(total, label, True)) if tty else None)
+    d = rec["distill"]
+    if a.json:
+        print(json.dumps(rec))
+    else:
+        print(f"distilled {a.model} into {a.out}: {d['steps_done']} steps in {d['wall_s']:.0f} s "
+              f"(CPU {d['cpu_s']:.0f} s), cross-entropy {d['final_ce_ema']:.3f}, certainty entropy {d['final_entropy_ema']:.3f}; "
+              f"teacher answers kept {d.get('teacher_kept', 0)}/{d['teacher_decoded']}")
+    return 0
+
+
 def cmd_demo(a) -> int:
     from .demo import run_demo
     return run_demo(json_out=a.json, out_dir=a.out)
@@ -470,6 +514,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add_decode_flags(e)
     e.add_argument("--tasks", default=None, help="comma-separated families (default: all)")
     e.add_argument("--n", type=int, default=50, help="prompts per family (max 50)")
+    e.add_argument("--split", choices=["core", "general"], default="core",
+                   help="core: in distribution; general: held-out words and lengths (docs/model_card.md)")
     e.add_argument("--batch-size", type=int, default=8, help="prompts decoded together")
     e.add_argument("--outputs", action="store_true", help="include every prompt's output in the JSON")
     e.set_defaults(func=cmd_eval)
@@ -500,6 +546,8 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--strategies", default="vanilla,threshold,spd")
     b.add_argument("--beam-widths", default="1,2,4,8")
     b.add_argument("--thresholds", default="0.9")
+    b.add_argument("--threshold-floors", default=None,
+                   help="also the threshold rule with a dynamic tau from each threshold down to each of these floors, e.g. 0.7")
     b.add_argument("--tasks", default=None, help="comma-separated families (default: all six)")
     b.add_argument("--n", type=int, default=5, help="prompts per family")
     b.add_argument("--repeats", type=int, default=3, help="interleaved repeats (medians reported)")
@@ -510,8 +558,10 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--batch-size", type=int, default=1, help="prompts decoded together (1: per-request latency)")
     b.add_argument("--memory", action="store_true", help="also measure ORT peak memory per beam width (subprocesses)")
     b.add_argument("--quick", action="store_true", help="2 tasks x 1 prompt, 2 repeats, W=4, gen length 64: a smoke run")
-    b.add_argument("--tune", action="store_true", help="pick the fastest (W, tau) within the quality budget; write a profile overlay")
-    b.add_argument("--quality-budget", type=float, default=0.0, help="--tune: accuracy it may lose vs the threshold baseline")
+    b.add_argument("--tune", action="store_true",
+                   help="pick the fastest configuration within the quality budget; write a profile overlay")
+    b.add_argument("--quality-budget", type=float, default=0.01,
+                   help="accuracy the equal-quality headline and --tune may lose vs vanilla (0.01: one point)")
     b.add_argument("--tune-out", default=None, help="--tune: overlay file (default: the user profile folder)")
     b.add_argument("--plots", default=None, metavar="DIR", help="write the PNG plots here")
     b.add_argument("--quiet", action="store_true", help="no table, no progress bar")
@@ -522,6 +572,8 @@ def build_parser() -> argparse.ArgumentParser:
     rp.add_argument("bench_json", help="the JSON written by `dllm-deploy bench --json`")
     rp.add_argument("--out", default=None, help="markdown file to write (default: stdout)")
     rp.add_argument("--plots", default=None, metavar="DIR", help="write the PNG plots here and link them")
+    rp.add_argument("--before", default=None, metavar="JSON",
+                    help="an earlier bench run (e.g. before distillation): its Pareto front and equal-quality figures beside these")
     rp.add_argument("--load-test", default=None, metavar="JSON",
                     help="add the serving load table from benchmarks/load_table.py's JSON (benchmarks/load-ab.json)")
     rp.set_defaults(func=cmd_report)
@@ -570,6 +622,29 @@ def build_parser() -> argparse.ArgumentParser:
     lt.add_argument("--time-limit", type=float, default=600.0, help="no request starts after this many seconds")
     lt.add_argument("--json", default=None, help="write the levels as JSON to this file")
     lt.set_defaults(func=cmd_loadtest)
+
+    ds = sub.add_parser("distill", help="certainty-forcing self-distillation into a new checkpoint (docs/distill.md)")
+    ds.add_argument("--model", default="tiny", help="'tiny' or a Hugging Face folder: the student's start")
+    ds.add_argument("--out", required=True, help="checkpoint folder to write")
+    ds.add_argument("--teacher", default=None, help="teacher checkpoint (default: the model itself)")
+    ds.add_argument("--prompts", default=None,
+                    help="JSON lines of {\"prompt\", optional \"answer\"} (default: the bundled task families' training distribution)")
+    ds.add_argument("--steps", type=int, default=6000)
+    ds.add_argument("--batch", type=int, default=8)
+    ds.add_argument("--lr", type=float, default=3e-4, help="peak learning rate (60 warm-up steps, cosine to a tenth)")
+    ds.add_argument("--seed", type=int, default=0)
+    ds.add_argument("--entropy-weight", type=float, default=0.5, help="weight of the certainty (entropy) term")
+    ds.add_argument("--entropy-temperature", type=float, default=1.0, help="the certainty term's softmax temperature")
+    ds.add_argument("--teacher-prompts", type=int, default=256, help="prompts the teacher decodes")
+    ds.add_argument("--reference-share", type=float, default=0.5,
+                    help="share of each batch drawn fresh with reference answers (when the prompts have them)")
+    ds.add_argument("--gen-length", type=int, default=128, help="the teacher's canvas (tokens)")
+    ds.add_argument("--mix", default="", help="task family weights, e.g. count=2,text=0.3 (bundled tasks only)")
+    ds.add_argument("--threads", type=int, default=2)
+    ds.add_argument("--time-limit", type=float, default=0, help="stop and write after this many seconds of training; the learning rate anneals by then (0: none)")
+    ds.add_argument("--force", action="store_true", help="replace a checkpoint this command wrote")
+    ds.add_argument("--json", action="store_true", help="print the training record as JSON")
+    ds.set_defaults(func=cmd_distill)
 
     d = sub.add_parser("demo", help="the main job on the bundled tiny model, printing the figures")
     d.add_argument("--out", default="build/demo", help="where the demo writes its artifact")

@@ -54,33 +54,46 @@ def test_bench_json_structure(bench_run):
     assert len(d["targets"]) >= 4 and all({"target", "goal", "measured", "met"} <= set(t) for t in d["targets"])
 
 
-def test_tune_never_slower_than_threshold_and_overlay_loads(bench_run):
+def test_tune_picks_the_fastest_at_equal_quality_and_overlay_loads(bench_run):
     d, _, overlay, _ = bench_run
     by = {r["label"]: r for r in d["runs"]}
-    pick, base = by[d["tune"]["pick"]], by[d["tune"]["baseline"]]
-    assert pick["backend"] == "ort" and pick["tokens_per_s"] >= base["tokens_per_s"]
+    pick, ref = by[d["tune"]["pick"]], by[d["tune"]["reference"]]
+    assert ref["label"] == "torch:vanilla no-cache" and d["tune"]["quality_budget"] == 0.01
+    within = [r for r in d["runs"] if r["backend"] == "ort" and r["accuracy"] >= ref["accuracy"] - 0.01 - 1e-9]
+    assert pick["backend"] == "ort" and pick in within
+    assert pick["tokens_per_s"] == max(r["tokens_per_s"] for r in within)
     raw = yaml.safe_load(overlay.read_text())
     from dllm_deploy.profiles import parse_profile
     prof = parse_profile(raw, str(overlay))
     assert prof.decode["beam_width"] == pick["beam_width_used"]
     assert raw["tuned"]["pick"] == pick["label"]
+    # the equal-quality headline of the same run names the same pick for ort
+    assert d["equal_quality"]["backends"]["ort"]["pick"] == pick["label"]
+    assert d["targets"][0]["target"].startswith("Equal quality")
 
 
-def _run(label, strategy, tps, acc, w=1, select="lossless", base="vanilla", tau=0.9):
-    return {"label": label, "backend": "ort", "strategy": strategy, "tokens_per_s": tps, "accuracy": acc,
+def _run(label, strategy, tps, acc, w=1, select="lossless", base="vanilla", tau=0.9, backend="ort", cache="auto"):
+    return {"label": label, "backend": backend, "strategy": strategy, "tokens_per_s": tps, "accuracy": acc,
             "beam_width": w, "beam_width_used": w, "select": select, "base": base, "threshold": tau, "tree": "chain",
-            "cache": "auto"}
+            "cache": cache, "tpf": 1.0}
 
 
-def test_tune_rules():
-    runs = [_run("thr", "threshold", 100.0, 0.8), _run("fast-bad", "spd", 300.0, 0.5, w=8),
-            _run("fast-ok", "spd", 150.0, 0.79, w=4), _run("slow", "spd", 90.0, 0.9, w=2)]
+def test_tune_and_equal_quality_rules():
+    runs = [_run("llada", "vanilla", 10.0, 0.80, backend="torch", cache="none"), _run("van", "vanilla", 20.0, 0.80),
+            _run("thr", "threshold", 100.0, 0.795), _run("fast-bad", "spd", 300.0, 0.5, w=8),
+            _run("fast-ok", "spd", 150.0, 0.78, w=4), _run("slow", "spd", 90.0, 0.9, w=2)]
     t = bench.tune({"runs": runs}, quality_budget=0.02)
-    assert t["pick"]["label"] == "fast-ok"          # fastest within the accuracy budget
+    assert t["pick"]["label"] == "fast-ok" and t["baseline"]["label"] == "thr"   # fastest within 2 points
+    t = bench.tune({"runs": runs}, quality_budget=0.01)
+    assert t["pick"]["label"] == "thr" and t["reference"]["label"] == "llada"
     t = bench.tune({"runs": runs}, quality_budget=0.0)
-    assert t["pick"]["label"] == "thr"              # nothing within budget beats the baseline: keep it
-    with pytest.raises(UserError, match="threshold baseline"):
-        bench.tune({"runs": runs[1:]})
+    assert t["pick"]["label"] == "slow"             # only runs at least as accurate as the reference
+    eq = bench.equal_quality(runs, 0.01)
+    assert eq["reference"] == "llada" and eq["backends"]["ort"]["pick"] == "thr"
+    assert eq["backends"]["ort"]["vs_llada"] == pytest.approx(10.0)
+    assert eq["backends"]["ort"]["any_quality_pick"] == "fast-bad" and eq["backends"]["ort"]["any_quality_vs_llada"] == 30.0
+    with pytest.raises(UserError, match="vanilla reference"):
+        bench.tune({"runs": [r for r in runs if r["strategy"] != "vanilla"]})
 
 
 def test_report_markdown_and_plots(bench_run, tmp_path):

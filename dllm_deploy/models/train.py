@@ -98,13 +98,19 @@ def build_row(ex: tasks.Example, tok: ByteTokenizer, rng: random.Random, copies:
     ``copies`` independent noisy copies of the answer share the prompt and the clean blocks
     (each copy attends only to itself): more masked positions per forward for little extra cost.
     ``noise(answer, tok, rng) -> (noisy, loss flags)`` replaces the training noise (probes)."""
-    p = tok.encode(ex.prompt)
-    a = tok.encode(ex.answer) + [tok.EOS]
-    a += [tok.EOS] * (-len(a) % BLOCK)
-    c = len(a) - BLOCK  # the last block's clean copy is context for nothing: leave it out
+    return build_row_ids(tok.encode(ex.prompt), tok.encode(ex.answer), tok, rng, copies, noise)
+
+
+def build_row_ids(p: list[int], answer: list[int], tok, rng: random.Random, copies: int = 1, noise=None,
+                  block: int = BLOCK):
+    """``build_row`` on token ids: prompt ids ``p``, answer ids without EOS; ``tok`` gives ``EOS``
+    and ``MASK`` (the noise's mask id)."""
+    a = list(answer) + [tok.EOS]
+    a += [tok.EOS] * (-len(a) % block)
+    c = len(a) - block  # the last block's clean copy is context for nothing: leave it out
     ids, kind = p + a[:c], [KIND_PROMPT] * len(p) + [KIND_CLEAN] * c
     pos = list(range(len(p))) + list(range(len(p), len(p) + c))
-    blk = [-1] * len(p) + [i // BLOCK for i in range(c)]
+    blk = [-1] * len(p) + [i // block for i in range(c)]
     rep = [0] * (len(p) + c)
     tgt, lf = [0] * (len(p) + c), [0] * (len(p) + c)
     for r in range(copies):
@@ -112,7 +118,7 @@ def build_row(ex: tasks.Example, tok: ByteTokenizer, rng: random.Random, copies:
         ids += noisy
         pos += list(range(len(p), len(p) + len(a)))
         kind += [KIND_NOISY] * len(a)
-        blk += [i // BLOCK for i in range(len(a))]
+        blk += [i // block for i in range(len(a))]
         rep += [r] * len(a)
         tgt += a
         lf += lossf

@@ -28,6 +28,9 @@ def decode_config(**kw) -> DecodeConfig:
             raise err
     kw = {**kw, **_budget(kw.get("max_tokens"), kw.get("gen_length"))}
     cfg = DecodeConfig(**{k: v for k, v in kw.items() if v is not None and k in _FIELDS})
+    if cfg.threshold_floor is not None and cfg.threshold_floor > cfg.threshold:
+        raise OptionError("bad_option", "threshold_floor", f"threshold floor ({cfg.threshold_floor}) exceeds the threshold "
+                          f"({cfg.threshold}): the dynamic tau falls from --threshold to the floor", OPTIONS["threshold_floor"].flag)
     if cfg.candidates and not (cfg.strategy == "spd" and cfg.select == "threshold"):
         raise UserError("--candidates prunes the drafts of spd --select threshold only")
     return cfg

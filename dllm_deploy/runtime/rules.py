@@ -52,15 +52,19 @@ class Vanilla:
 @dataclass(frozen=True)
 class Threshold:
     """Fast-dLLM confidence-aware parallel decoding: commit every masked position whose top-1
-    probability is >= tau, and always at least the most confident one."""
+    probability is >= tau, and always at least the most confident one. With a ``schedule`` tau
+    is dynamic: ``schedule.tau(step, masked positions left)`` (a pure function of the state and
+    the step, so lossless SPD over this rule stays exact)."""
     tau: float = 0.9
+    schedule: "ThresholdSchedule | None" = None
     name: str = "threshold"
 
     def __call__(self, state, ids, probs, step, mask_id):
         ranked = _ranked_masked(state, probs, mask_id)
         if ranked.size == 0:
             return state.copy()
-        n = max(1, int((probs[ranked] >= self.tau).sum()))
+        tau = self.tau if self.schedule is None else self.schedule.tau(step, int(ranked.size))
+        n = max(1, int((probs[ranked] >= tau).sum()))
         return commit(state, ids, ranked[:n])
 
 

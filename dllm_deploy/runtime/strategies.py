@@ -26,6 +26,7 @@ class DecodeConfig:
     tokens_per_step: int = 1          # vanilla: k tokens committed per step
     steps: int | None = None          # vanilla: LLaDA steps over gen_length (overrides k)
     threshold: float = 0.9            # threshold rule tau (and the spd threshold base)
+    threshold_floor: float | None = None  # threshold rule: dynamic tau's floor (None: fixed tau)
     beam_width: int = 4               # spd: W drafted block states verified per forward
     tree: str = DEFAULT_TREE          # spd: tree preset (chain | binary | wide | fork)
     select: str = "lossless"          # spd: lossless | threshold (lossy, dynamic tau)
@@ -35,6 +36,15 @@ class DecodeConfig:
     cache: str = "auto"               # none | prefix | dual | exact | auto (exact if block-causal)
     topk: int = 2                     # ids/probabilities the verifier returns per position
     candidates: int = 0               # spd lossy: draft this many tree nodes, verify the W most confident (0: W)
+
+
+def dynamic_schedule(cfg: DecodeConfig) -> ThresholdSchedule | None:
+    """The threshold rule's dynamic tau (article §4.3: high early and late, lower in the middle):
+    --threshold on a block's first step, x0.97 per step down to --threshold-floor, --threshold again
+    for the block's last 2 masked positions. None: a fixed tau."""
+    if cfg.threshold_floor is None:
+        return None
+    return ThresholdSchedule(init=cfg.threshold, decay=0.97, floor=cfg.threshold_floor, end_tokens=2)
 
 
 class Policy:
@@ -47,7 +57,7 @@ class Policy:
             steps = None if cfg.steps is None else max(1, cfg.steps // blocks)
             self.rule = Vanilla(cfg.tokens_per_step, steps)
         else:
-            self.rule = Threshold(cfg.threshold)
+            self.rule = Threshold(cfg.threshold, dynamic_schedule(cfg))
         self.lossy = cfg.strategy == "spd" and cfg.select == "threshold"
         width = cfg.beam_width if cfg.strategy == "spd" else 1
         self.spec: TreeSpec = make_tree(cfg.tree if cfg.strategy == "spd" else "chain", width)

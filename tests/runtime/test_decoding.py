@@ -11,16 +11,20 @@ from dllm_deploy.runtime.api import decode_config
 L = 32
 
 
-def reference_decode(runtime, prompt: str, rule: str, tau: float = 0.9, gen_length: int = 128) -> list[int]:
+def reference_decode(runtime, prompt: str, rule: str, tau: float = 0.9, gen_length: int = 128,
+                     floor: float | None = None) -> list[int]:
     """A straightforward full-recompute implementation: every step runs the model on
     [prompt | committed blocks | current block] under a block-causal mask and commits by the rule
-    (LLaDA low-confidence remasking with one token per step, or Fast-dLLM's threshold)."""
+    (LLaDA low-confidence remasking with one token per step, or Fast-dLLM's threshold; with
+    ``floor``, the dynamic tau: tau * 0.97**step down to floor, tau again for the last 2 masked)."""
     model, cfg, tok = runtime.backend.model, runtime.config, runtime.tokenizer
     prompt_ids = tok.encode(prompt)
     out: list[int] = []
     for _ in range(gen_length // L):
         block = [cfg.mask_token_id] * L
+        step = -1
         while cfg.mask_token_id in block:
+            step += 1
             seq = prompt_ids + out + block
             blocks = np.array([0] * len(prompt_ids) + [1 + i // L for i in range(len(out) + L)])
             mask = torch.tensor(blocks[None, :] <= blocks[:, None])[None, None]
@@ -33,7 +37,8 @@ def reference_decode(runtime, prompt: str, rule: str, tau: float = 0.9, gen_leng
             if rule == "vanilla":
                 chosen = order[:1]
             else:
-                chosen = [i for i in order if conf[i].item() >= tau] or order[:1]
+                t = tau if floor is None or len(masked) <= 2 else max(floor, tau * 0.97 ** step)
+                chosen = [i for i in order if conf[i].item() >= t] or order[:1]
             for i in chosen:
                 block[i] = int(pred[i])
             if cfg.eos_token_id in block:
@@ -59,6 +64,18 @@ def test_threshold_equals_reference(tiny_runtime):
     for p in _prompts(1):
         got = tiny_runtime.generate(p, strategy="threshold", threshold=0.9, gen_length=128)[0].token_ids
         assert got == reference_decode(tiny_runtime, p, "threshold", tau=0.9), p
+
+
+def test_dynamic_threshold_equals_reference_and_lossless_spd_keeps_it(tiny_runtime):
+    prompts = _prompts(1)[::2]
+    dyn = tiny_runtime.generate(prompts, strategy="threshold", threshold=0.95, threshold_floor=0.6, gen_length=128)
+    fixed = tiny_runtime.generate(prompts, strategy="threshold", threshold=0.95, gen_length=128)
+    for p, r in zip(prompts, dyn):
+        assert r.token_ids == reference_decode(tiny_runtime, p, "threshold", tau=0.95, floor=0.6), p
+    assert sum(r.forwards for r in dyn) < sum(r.forwards for r in fixed)     # the lower middle commits more per step
+    spd = tiny_runtime.generate(prompts, strategy="spd", base="threshold", threshold=0.95, threshold_floor=0.6,
+                                beam_width=4, gen_length=128)
+    assert [s.token_ids for s in spd] == [r.token_ids for r in dyn]
 
 
 def test_cache_none_equals_exact(tiny_runtime):

@@ -35,6 +35,25 @@ def test_threshold_schedule_decays_to_floor_and_rises_at_the_end():
     assert sch.tau(5, 2) == pytest.approx(0.95)
 
 
+def test_threshold_with_a_schedule_uses_the_step_and_the_masked_count():
+    sch = ThresholdSchedule(init=0.95, decay=0.9, floor=0.8, end_tokens=2)
+    s = np.array([M, M, M, M])
+    ids = np.array([1, 2, 3, 4])
+    p = np.array([0.9, 0.2, 0.86, 0.1])
+    assert Threshold(0.95, sch)(s, ids, p, 0, M).tolist() == [1, M, M, M]        # tau 0.95
+    assert Threshold(0.95, sch)(s, ids, p, 1, M).tolist() == [1, M, 3, M]        # tau 0.855
+    s2 = np.array([M, 5, M, 6])                                                   # 2 masked left: tau 0.95 again
+    assert Threshold(0.95, sch)(s2, ids, p, 5, M).tolist() == [1, 5, M, 6]
+
+
+def test_threshold_floor_over_the_threshold_is_refused():
+    from dllm_deploy.errors import UserError
+    from dllm_deploy.runtime.api import decode_config
+    assert decode_config(strategy="threshold", threshold=0.95, threshold_floor=0.7).threshold_floor == 0.7
+    with pytest.raises(UserError, match="threshold floor"):
+        decode_config(strategy="threshold", threshold=0.8, threshold_floor=0.9)
+
+
 def test_tree_presets_hand_drawn():
     t = make_tree("chain", 4)
     assert t.parents == (-1, 0, 1, 2) and t.kinds == (CHAIN,) * 4

@@ -1,0 +1,384 @@
+"""Certainty-forcing self-distillation: ``dllm-deploy distill`` (docs/distill.md).
+
+A teacher (the model itself, or another checkpoint) decodes prompts with the quality rule
+(vanilla, one token per step). The student, initialised from the model, learns on partially masked
+states of those answers, as the runtime sees them, to
+
+- predict the teacher's tokens: cross-entropy on every masked position, and
+- be certain where it is right: the entropy of its temperature-scaled distribution on the masked
+  positions it already predicts correctly (dParallel's certainty forcing, arXiv 2509.26488),
+
+so that threshold decoding commits many positions per step without changing the answer.
+
+Where the prompts come with reference answers (the bundled task families), a teacher answer the
+reference contradicts is replaced by the reference ("verified" distillation), and a share of every
+batch is fresh reference examples: that is how a small model learns inputs its teacher cannot
+answer (the generalization split).
+
+States. Block-causal models train on the vectorised block-diffusion rows of ``models/train.py``
+(prompt, clean blocks, noisy copies of every block); bidirectional ones (LLaDA, Dream) on
+semi-autoregressive states (blocks before an active one clean, the active block partly masked, the
+rest masked), one active block per row. Mask ratios lean high (``1 - u**2``), because the first
+steps of a block, where most positions are masked, are where parallel decoding commits or fails.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import random
+import resource
+import shutil
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from types import SimpleNamespace
+
+from .artifact.fsio import clean_stale, lock_target, remove_temp_dir, replace_dir, temp_dir
+from .errors import UserError
+
+RECORD = "training.json"      # the training record every checkpoint of ours carries
+LOG = "train_log.jsonl"
+
+
+@dataclass
+class DistillConfig:
+    steps: int = 6000
+    batch: int = 8
+    lr: float = 3e-4
+    warmup: int = 60
+    seed: int = 0
+    entropy_weight: float = 0.5           # beta: weight of the certainty term
+    entropy_temperature: float = 1.0      # T: the entropy is of softmax(logits / T)
+    teacher_prompts: int = 256            # prompts the teacher decodes (the distillation set)
+    reference_share: float = 0.5          # share of each batch drawn fresh from a reference source
+    suffix_share: float = 0.25            # share of blocks noised by suffix masking (left-to-right states)
+    gen_length: int = 128                 # the teacher's canvas
+    threads: int = 2
+    time_limit: float = 0.0               # seconds; 0: none
+    mix: dict = field(default_factory=lambda: {"upper": 1.2, "reverse": 2.0, "kv": 1.0, "csv": 1.0,
+                                               "count": 2.0, "letter": 1.0, "text": 0.3})
+
+
+# -- prompt sources ------------------------------------------------------------------------------
+
+class TaskSource:
+    """The bundled task families' ``train`` distribution: prompts with reference answers and a
+    scorer. Never yields a prompt of either evaluation split."""
+
+    has_reference = True
+
+    def __init__(self, mix: dict, seed: int):
+        from .evals import tasks
+        unknown = sorted(set(mix) - set(tasks.FAMILIES + tasks.OPEN_FAMILIES))
+        if unknown:
+            raise UserError(f"--mix: unknown family {unknown[0]!r} (known: {', '.join(tasks.FAMILIES + tasks.OPEN_FAMILIES)})")
+        self.tasks, self.mix, self.rng = tasks, {k: v for k, v in mix.items() if v > 0}, random.Random(seed)
+        self.held_out = tasks.eval_prompts()
+
+    def draw(self):
+        fams = list(self.mix)
+        while True:
+            fam = self.rng.choices(fams, weights=[self.mix[f] for f in fams])[0]
+            ex = self.tasks.gen_text(self.rng, "train") if fam == "text" else self.tasks.GENERATORS[fam](self.rng, "train")
+            if ex.prompt not in self.held_out:
+                return ex
+
+    def accept(self, ex, teacher_text: str) -> bool:
+        """Whether the teacher's answer stands (open text: always)."""
+        return ex.family in self.tasks.OPEN_FAMILIES or self.tasks.score(ex, teacher_text)
+
+
+class FileSource:
+    """A JSON-lines file of ``{"prompt": ...}`` (optionally ``"answer"``) records."""
+
+    def __init__(self, path: Path, seed: int):
+        recs = []
+        try:
+            lines = path.read_text(encoding="utf-8").splitlines()
+        except OSError as e:
+            raise UserError(f"{path}: cannot read the prompts file ({e.strerror})") from None
+        except UnicodeDecodeError:
+            raise UserError(f"{path}: not UTF-8 text") from None
+        for i, line in enumerate(lines, 1):
+            if not line.strip():
+                continue
+            try:
+                r = json.loads(line)
+            except ValueError:
+                raise UserError(f"{path}:{i}: not a JSON object") from None
+            if not isinstance(r, dict) or not isinstance(r.get("prompt"), str) or not r["prompt"]:
+                raise UserError(f"{path}:{i}: expected an object with a non-empty string \"prompt\"")
+            if "answer" in r and not isinstance(r["answer"], str):
+                raise UserError(f"{path}:{i}: \"answer\" must be a string")
+            recs.append(SimpleNamespace(family="file", prompt=r["prompt"], answer=r.get("answer")))
+        if not recs:
+            raise UserError(f"{path}: no prompts")
+        self.recs, self.rng = recs, random.Random(seed)
+        self.has_reference = all(r.answer is not None for r in recs)
+        self._order: list = []
+
+    def draw(self):
+        if not self._order:
+            self._order = list(self.recs)
+            self.rng.shuffle(self._order)
+        return self._order.pop()
+
+    def accept(self, ex, teacher_text: str) -> bool:
+        return ex.answer is None or teacher_text.rstrip() == ex.answer.rstrip()
+
+
+# -- noise and rows ------------------------------------------------------------------------------
+
+def _block_noise(block: int, mask_id: int, suffix_share: float):
+    """A noise function for ``train.build_row_ids``: per block, suffix masking (share
+    ``suffix_share``) or each token masked with probability ``1 - u**2`` (at least one)."""
+    def noise(a, tok, rng):
+        noisy, lossf = list(a), [0] * len(a)
+        for b in range(len(a) // block):
+            idx = range(b * block, (b + 1) * block)
+            if rng.random() < suffix_share:
+                cut = b * block + rng.randrange(block)
+                hit = [i for i in idx if i >= cut or rng.random() < 0.1]
+            else:
+                t = 1.0 - rng.random() ** 2
+                hit = [i for i in idx if rng.random() < t] or [rng.choice(list(idx))]
+            for i in hit:
+                noisy[i], lossf[i] = mask_id, 1
+        return noisy, lossf
+    return noise
+
+
+def _semi_ar_row(p: list[int], answer: list[int], eos: int, mask_id: int, block: int, rng: random.Random,
+                 suffix_share: float):
+    """A bidirectional model's state: blocks before an active one clean, the active block noised,
+    later blocks masked (their positions are not in the loss: the runtime never commits them
+    from such a state). Returns ids, positions, targets, loss flags."""
+    a = list(answer) + [eos]
+    a += [eos] * (-len(a) % block)
+    n = rng.randrange(len(a) // block)
+    noisy, lossf = _block_noise(block, mask_id, suffix_share)(a[n * block:(n + 1) * block], None, rng)
+    ids = p + a[:n * block] + noisy + [mask_id] * (len(a) - (n + 1) * block)
+    tgt = [0] * (len(p) + n * block) + a[n * block:(n + 1) * block] + [0] * (len(a) - (n + 1) * block)
+    lf = [0] * (len(p) + n * block) + lossf + [0] * (len(a) - (n + 1) * block)
+    return ids, list(range(len(ids))), tgt, lf
+
+
+def make_batch(rows, cfg, rng: random.Random, suffix_share: float):
+    """(prompt ids, answer ids) pairs -> ids, positions, mask, targets, loss flags tensors."""
+    import torch
+
+    from .models import train
+    tok = SimpleNamespace(EOS=cfg.eos_token_id, MASK=cfg.mask_token_id)
+    pad = cfg.pad_token_id if cfg.pad_token_id is not None else cfg.eos_token_id
+    if cfg.attention == "block_causal":
+        built = [train.build_row_ids(p, a, tok, rng, 1, _block_noise(cfg.block_size, cfg.mask_token_id, suffix_share),
+                                     block=cfg.block_size) for p, a in rows]
+        s = max(len(r[0]) for r in built)
+
+        def col(i, v):
+            return torch.tensor([r[i] + [v] * (s - len(r[i])) for r in built], dtype=torch.long)
+        ids, pos, kind, blk, rep = col(0, pad), col(1, 0), col(2, train.KIND_PAD), col(3, -2), col(4, 0)
+        return ids, pos, train.training_mask(kind, blk, rep), col(5, 0), col(6, 0).bool()
+    built = [_semi_ar_row(p, a, cfg.eos_token_id, cfg.mask_token_id, cfg.block_size, rng, suffix_share) for p, a in rows]
+    s = max(len(r[0]) for r in built)
+    lens = torch.tensor([len(r[0]) for r in built])
+    valid = torch.arange(s)[None] < lens[:, None]                              # (B,S) real positions
+    mask = (valid[:, None, :] & valid[:, :, None]) | torch.eye(s, dtype=torch.bool)[None]
+
+    def col(i, v):
+        return torch.tensor([r[i] + [v] * (s - len(r[i])) for r in built], dtype=torch.long)
+    return col(0, pad), col(1, 0), mask[:, None], col(2, 0), col(3, 0).bool()
+
+
+def certainty_loss(logits, targets, temperature: float):
+    """Mean entropy of softmax(logits / T) over the rows whose top-1 is the target (0 when none)."""
+    import torch
+    right = logits.argmax(-1) == targets
+    if not bool(right.any()):
+        return logits.sum() * 0.0
+    logp = torch.log_softmax(logits[right] / temperature, dim=-1)
+    return -(logp.exp() * logp).sum(-1).mean()
+
+
+# -- the teacher ---------------------------------------------------------------------------------
+
+def teacher_set(teacher: str | Path, tokenizer, source, n: int, gen_length: int, progress=None) -> tuple[list, dict]:
+    """The teacher decodes n prompts with vanilla (one token per step). Returns
+    [(prompt ids, answer ids)] and counts; with references, a contradicted answer is replaced."""
+    from .runtime.api import Runtime
+    rt = Runtime.load(model=str(teacher))
+    examples = [source.draw() for _ in range(n)]
+    rows, kept, replaced, forwards = [], 0, 0, 0
+    t0 = time.perf_counter()
+    for i in range(0, n, 16):
+        chunk = examples[i:i + 16]
+        results = rt.generate([e.prompt for e in chunk], strategy="vanilla", gen_length=gen_length)
+        for e, r in zip(chunk, results):
+            forwards += r.forwards
+            ids = [t for t in r.token_ids if t != rt.config.eos_token_id]
+            if source.accept(e, r.text):
+                kept += 1
+            else:
+                ids, replaced = tokenizer.encode(e.answer), replaced + 1
+            rows.append((tokenizer.encode(e.prompt), ids))
+        if progress:
+            progress(len(chunk))
+    return rows, {"teacher_decoded": n, "teacher_kept": kept, "replaced_by_reference": replaced, "teacher_forwards": forwards,
+                  "teacher_s": round(time.perf_counter() - t0, 1)}
+
+
+# -- the command ---------------------------------------------------------------------------------
+
+def check_target(out: Path, src: Path, force: bool) -> None:
+    """``out`` may be new, or (with ``force``) a checkpoint this command wrote; never the source."""
+    if out.resolve() == src.resolve():
+        raise UserError(f"{out}: is the model being distilled; write the student to another folder")
+    if not os.path.lexists(out):
+        if not out.parent.is_dir():
+            raise UserError(f"{out.parent}: no such folder")
+        return
+    if not force:
+        raise UserError(f"{out}: already exists (pass --force to replace a checkpoint written by dllm-deploy distill)")
+    try:
+        ours = "distill" in json.loads((out / RECORD).read_text())
+    except (OSError, ValueError, TypeError):
+        ours = False
+    if out.is_symlink() or not out.is_dir() or not ours:
+        raise UserError(f"{out}: not a checkpoint written by dllm-deploy distill (no {RECORD} of ours); "
+                        "--force replaces only those, so move or delete it yourself")
+
+
+def _write_checkpoint(model, src: Path, work: Path, record: dict, log_lines: list[str]) -> None:
+    """The student in the source's layout: the source's files (config, tokenizer) copied, the
+    weights written under the source's own tensor names, the record and the log beside them."""
+    from safetensors.torch import save_file
+
+    from .models.loading import map_name, read_tensors
+    ours = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
+    layout = model.config.layout
+    out_tensors = {}
+    for name, t in read_tensors(src).items():
+        mapped = map_name(layout, name)
+        out_tensors[name] = ours[mapped].to(t.dtype) if mapped in ours else t
+    for f in src.iterdir():
+        if f.is_file() and not f.name.endswith(".safetensors") and f.name not in (RECORD, LOG, "model.safetensors.index.json"):
+            shutil.copy2(f, work / f.name)
+    save_file(out_tensors, str(work / "model.safetensors"), metadata={"format": "pt"})
+    previous = src / LOG
+    text = previous.read_text() if previous.exists() else ""
+    (work / LOG).write_text(text + "".join(line + "\n" for line in log_lines))
+    (work / RECORD).write_text(json.dumps(record, indent=2) + "\n")
+
+
+def distill(model: str, out: str | Path, teacher: str | None = None, prompts: str | None = None,
+            dcfg: DistillConfig | None = None, force: bool = False, log=print, progress=None) -> dict:
+    """Distil ``model`` into the checkpoint folder ``out``; returns the training record."""
+    import torch
+    import torch.nn.functional as F
+
+    from .models.loading import load_model, resolve_model_dir
+    from .models.tokenizer import load_tokenizer
+    c = dcfg or DistillConfig()
+    if c.steps < 1 or c.batch < 1 or c.teacher_prompts < 0 or not 0 <= c.reference_share <= 1 or c.lr <= 0:
+        raise UserError("--steps, --batch must be >= 1, --teacher-prompts >= 0, --lr > 0, --reference-share in [0, 1]")
+    src = resolve_model_dir(model)
+    tsrc = resolve_model_dir(teacher) if teacher else src
+    out = Path(out)
+    check_target(out, src, force)
+    torch.manual_seed(c.seed)
+    torch.set_num_threads(c.threads)
+    rng = random.Random(c.seed)
+    student, cfg = load_model(src)
+    tokenizer = load_tokenizer(src, cfg.eos_token_id)
+    source = FileSource(Path(prompts), c.seed) if prompts else TaskSource(c.mix, c.seed)
+    if not source.has_reference and c.teacher_prompts == 0:
+        raise UserError("the prompts have no reference answers: the teacher must decode some (--teacher-prompts > 0)")
+    share = c.reference_share if source.has_reference else 0.0
+    if c.teacher_prompts == 0:
+        share = 1.0
+    cpu0, t0 = resource.getrusage(resource.RUSAGE_SELF), time.time()
+
+    log(f"teacher {tsrc}: decoding {c.teacher_prompts} prompts (vanilla, one token per step)")
+    teacher_rows, tstats = (teacher_set(tsrc, tokenizer, source, c.teacher_prompts, c.gen_length, progress and progress("teacher", c.teacher_prompts))
+                            if c.teacher_prompts else ([], {"teacher_decoded": 0}))
+    log(f"teacher: {tstats.get('teacher_kept', 0)} answers kept, {tstats.get('replaced_by_reference', 0)} replaced by the reference")
+
+    student.train().set_attention("sdpa")
+    opt = torch.optim.AdamW(student.parameters(), lr=c.lr, betas=(0.9, 0.98), weight_decay=0.01)
+    log_lines: list[str] = []
+    ema_ce = ema_h = None
+    bar = progress and progress("distill", c.steps)
+    step = 0
+    t_train = time.time()
+    timed_out = False
+    for step in range(1, c.steps + 1):
+        # cosine to a tenth over the steps, or over the time limit when that comes first
+        done = max(step / c.steps, (time.time() - t_train) / c.time_limit if c.time_limit else 0.0)
+        lr = c.lr * min(1.0, step / c.warmup) * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, done))))
+        for g in opt.param_groups:
+            g["lr"] = lr
+        rows = []
+        for _ in range(c.batch):
+            if teacher_rows and rng.random() >= share:
+                rows.append(rng.choice(teacher_rows))
+            else:
+                ex = source.draw()
+                rows.append((tokenizer.encode(ex.prompt), tokenizer.encode(ex.answer)))
+        rows.sort(key=lambda r: len(r[0]) + len(r[1]))
+        ids, pos, mask, tgt, lf = make_batch(rows, cfg, rng, c.suffix_share)
+        logits, _ = student(ids, pos, mask)
+        z, y = logits[lf], tgt[lf]
+        ce = F.cross_entropy(z, y)
+        h = certainty_loss(z, y, c.entropy_temperature)
+        loss = ce + c.entropy_weight * h
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(student.parameters(), 1.0)
+        opt.step()
+        ema_ce = ce.item() if ema_ce is None else 0.98 * ema_ce + 0.02 * ce.item()
+        ema_h = h.item() if ema_h is None else 0.98 * ema_h + 0.02 * h.item()
+        if step % 25 == 0 or step == 1:
+            with torch.no_grad():
+                acc = (z.argmax(-1) == y).float().mean().item()
+            log_lines.append(json.dumps({"phase": "distill", "step": step, "ce": round(ce.item(), 4), "entropy": round(h.item(), 4),
+                                         "ce_ema": round(ema_ce, 4), "entropy_ema": round(ema_h, 4), "masked_acc": round(acc, 4),
+                                         "lr": round(lr, 7), "elapsed_s": round(time.time() - t0, 1)}))
+            if step % 100 == 0 and not bar:
+                log(log_lines[-1])
+        if bar:
+            bar(1)
+        if c.time_limit and time.time() - t_train >= c.time_limit:
+            timed_out = True
+            break
+    student.eval()
+    cpu1 = resource.getrusage(resource.RUSAGE_SELF)
+    record = {
+        "distill": {**asdict(c), "steps_done": step, "stopped_by_time_limit": timed_out,
+                    "model": str(model), "teacher": str(teacher or model), "prompts": str(prompts) if prompts else "tasks:train",
+                    "states": cfg.attention, "wall_s": round(time.time() - t0, 1),
+                    "cpu_s": round(cpu1.ru_utime + cpu1.ru_stime - cpu0.ru_utime - cpu0.ru_stime, 1),
+                    "final_ce_ema": round(ema_ce, 4), "final_entropy_ema": round(ema_h, 4),
+                    "torch": torch.__version__, **tstats},
+        "previous": _read_record(src),
+    }
+    with lock_target(out):
+        check_target(out, src, force)
+        clean_stale(out)
+        scratch = temp_dir(out)
+        try:
+            work = scratch / "new"
+            work.mkdir()
+            _write_checkpoint(student, src, work, record, log_lines)
+            replace_dir(work, out, scratch)
+        finally:
+            remove_temp_dir(scratch)
+    log(f"wrote {out} ({step} steps, {record['distill']['wall_s']:.0f} s)")
+    return record
+
+
+def _read_record(folder: Path):
+    try:
+        return json.loads((folder / RECORD).read_text())
+    except (OSError, ValueError):
+        return None

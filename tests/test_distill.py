@@ -1,0 +1,91 @@
+"""`dllm-deploy distill`: a few real steps on the bundled model and on LLaDA / Dream checkpoints
+(the student is written in the source's own layout and loads again), the certainty term, and the
+refusals that keep a user's folders safe."""
+import json
+
+import pytest
+
+from dllm_deploy.cli import main
+from tests.conftest import write_checkpoint
+
+
+def _distill(model, out, *extra):
+    return main(["distill", "--model", str(model), "--out", str(out), "--steps", "3", "--batch", "2",
+                 "--teacher-prompts", "4", "--gen-length", "32", "--json", *extra])
+
+
+def test_distill_tiny_writes_a_checkpoint_that_decodes(tmp_path, capsys):
+    out = tmp_path / "student"
+    assert _distill("tiny", out) == 0
+    rec = json.loads(capsys.readouterr().out)
+    d = rec["distill"]
+    assert d["steps_done"] == 3 and d["teacher_decoded"] == 4
+    assert d["teacher_kept"] + d["replaced_by_reference"] == 4
+    assert d["cpu_s"] > 0 and d["states"] == "block_causal"
+    assert rec["previous"]["steps"] > 0                         # the base model's record is kept
+    assert json.loads((out / "training.json").read_text()) == rec
+    log = [json.loads(x) for x in (out / "train_log.jsonl").read_text().splitlines()]
+    assert log[-1]["phase"] == "distill" and {"ce", "entropy"} <= set(log[-1])
+    from dllm_deploy import Runtime
+    r = Runtime.load(model=str(out)).generate(["upper: river stone\n"], strategy="threshold", gen_length=32)[0]
+    assert r.forwards >= 1 and r.token_ids
+
+
+@pytest.mark.parametrize("layout", ["llada", "dream"])
+def test_distill_bidirectional_checkpoint_keeps_its_layout(tmp_path, layout, capsys):
+    from safetensors.torch import load_file
+
+    from dllm_deploy.models.loading import load_model
+    src = write_checkpoint(tmp_path / layout, layout)
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text("".join(json.dumps({"prompt": f"q{i}: abc"}) + "\n" for i in range(5)))
+    out = tmp_path / "student"
+    assert _distill(src, out, "--prompts", str(prompts)) == 0
+    rec = json.loads(capsys.readouterr().out)
+    assert rec["distill"]["states"] == "bidirectional" and rec["distill"]["teacher_kept"] == 4
+    before, after = load_file(str(src / "model.safetensors")), load_file(str(out / "model.safetensors"))
+    assert set(before) == set(after)                             # the source's own tensor names
+    assert any(not (before[k] == after[k]).all() for k in before)
+    assert json.loads((out / "config.json").read_text()) == json.loads((src / "config.json").read_text())
+    load_model(out)
+
+
+def test_certainty_loss_is_the_entropy_of_correct_predictions_only():
+    import torch
+
+    from dllm_deploy.distill import certainty_loss
+    logits = torch.tensor([[2.0, 0.0, 0.0], [0.0, 3.0, 0.0]])
+    assert certainty_loss(logits, torch.tensor([1, 0]), 1.0).item() == 0.0          # both wrong
+    p = torch.softmax(logits[0], -1)
+    want = -(p * p.log()).sum()
+    assert certainty_loss(logits, torch.tensor([0, 0]), 1.0).item() == pytest.approx(want.item())
+    sharper = certainty_loss(logits, torch.tensor([0, 0]), 0.5).item()
+    assert sharper < want.item()                                                     # T < 1 sharpens
+
+
+def test_distill_never_replaces_a_users_folder(tmp_path, capsys):
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("keep")
+    assert _distill("tiny", mine) == 2
+    assert _distill("tiny", mine, "--force") == 2
+    assert (mine / "notes.txt").read_text() == "keep" and sorted(p.name for p in mine.iterdir()) == ["notes.txt"]
+    err = capsys.readouterr().err
+    assert "already exists" in err and "not a checkpoint written by dllm-deploy distill" in err
+    out = tmp_path / "student"
+    assert _distill("tiny", out) == 0
+    assert _distill("tiny", out, "--force") == 0                 # its own output: replaced
+    assert _distill(out, out, "--force") == 2                    # never onto its own source
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".student.tmp")]
+
+
+def test_distill_bad_input_is_one_line(tmp_path, capsys):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"prompt": 3}\n')
+    assert _distill("tiny", tmp_path / "a", "--prompts", str(bad)) == 2
+    assert _distill("tiny", tmp_path / "b", "--prompts", str(tmp_path / "missing.jsonl")) == 2
+    assert _distill("tiny", tmp_path / "c", "--mix", "nope=1") == 2
+    assert main(["distill", "--model", "tiny", "--out", str(tmp_path / "d"), "--steps", "0"]) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and err.count("\n") == 4
+    assert not any((tmp_path / n).exists() for n in "abcd")
