@@ -183,14 +183,22 @@ class Config:
         return kw
 
 
+def split_backend(item: str) -> tuple[str, list[str] | None]:
+    """``"ort"`` -> ("ort", None); ``"torch:vanilla+threshold"`` -> ("torch", [...]): a backend that
+    runs only those strategies (e.g. torch as the LLaDA baseline only)."""
+    name, _, only = item.partition(":")
+    return name, (only.split("+") if only else None)
+
+
 def configurations(backends, strategies, beam_widths, thresholds, tree: str = DEFAULT_TREE, seeds=(),
                    threshold_floors=()) -> list[Config]:
     """Every greedy configuration, then (``seeds``) each cached one again sampling with each seed.
     ``threshold_floors``: the threshold rule again with a dynamic tau from each threshold down to
-    each floor below it."""
+    each floor below it. A backend written ``NAME:S1+S2`` runs only strategies S1, S2."""
     out = []
-    for be in backends:
-        for s in strategies:
+    for item in backends:
+        be, only = split_backend(item)
+        for s in (only or strategies):
             if s == "vanilla":
                 out.append(Config(be, "vanilla", cache="none"))
             elif s == "vanilla-cache":
@@ -306,6 +314,8 @@ def run_bench(artifact: str, backends=("torch", "ort"), strategies=("vanilla", "
         raise UserError(f"unknown task family {unknown[0]!r} (expected some of {', '.join(tasks.FAMILIES)})")
     from .profiles import get_profile
     prof, reasons, _ = get_profile("auto")
+    configs = configurations(backends, strategies, beam_widths, thresholds, tree, seeds, threshold_floors)
+    backends = list(dict.fromkeys(split_backend(b)[0] for b in backends))
     ort_rt = Runtime.load(artifact=artifact)
     runtimes = {}
     for be in backends:
@@ -319,7 +329,6 @@ def run_bench(artifact: str, backends=("torch", "ort"), strategies=("vanilla", "
             runtimes[be] = cpp_binary()
         else:
             raise UserError(f"unknown backend {be!r} (expected some of torch, ort, cpp)")
-    configs = configurations(backends, strategies, beam_widths, thresholds, tree, seeds, threshold_floors)
     if not configs:
         raise UserError("nothing to measure: no strategy selected")
     cap = ort_rt.decoder.max_beam_width

@@ -185,7 +185,8 @@ def cmd_bench(a) -> int:
                     threshold_floors=floors, quality_budget=a.quality_budget)
     if a.tune:
         from .profiles import get_profile
-        t = tune(res, backend="ort" if "ort" in backends else backends[0], quality_budget=a.quality_budget)
+        names = [b.partition(":")[0] for b in backends]
+        t = tune(res, backend="ort" if "ort" in names else names[0], quality_budget=a.quality_budget)
         prof, _, _ = get_profile("auto")
         overlay = overlay_profile(t, prof, a.json)
         from .profiles import user_profile_dir
@@ -266,16 +267,16 @@ def cmd_report(a) -> int:
     from .bench import targets
     from .bench import equal_quality
     res = report.load(a.bench_json)
-    before = report.load(a.before) if a.before else None
-    for r in (res, before):
+    other = report.load(a.compare) if a.compare else None
+    for r in (res, other):
         if r is not None:       # recomputed: the doc follows the current rules
             r["equal_quality"] = equal_quality(r["runs"], (r.get("equal_quality") or {}).get("budget", 0.01))
     pick = next((r for r in res["runs"] if res.get("tune") and r["label"] == res["tune"]["pick"]), None)
     res["targets"] = targets(res, tuned=pick)
-    paths = report.plots(res, a.plots, before=before) if a.plots else []
+    paths = report.plots(res, a.plots, other=other, other_label=a.compare_label) if a.plots else []
     load = report.load_test(a.load_test) if a.load_test else None
     text = report.markdown(res, paths, a.out, source=a.bench_json, load=load, load_source=a.load_test,
-                           before=before, before_source=a.before)
+                           other=other, other_source=a.compare, other_label=a.compare_label)
     if a.out:
         _write_file(Path(a.out), text)
         print(f"wrote {a.out}" + (f" and {len(paths)} plots in {a.plots}" if paths else ""), file=sys.stderr)
@@ -542,7 +543,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     b = sub.add_parser("bench", help="measure strategies x widths x thresholds x backends in one interleaved run")
     b.add_argument("--artifact", required=True)
-    b.add_argument("--backends", default="torch,ort")
+    b.add_argument("--backends", default="torch,ort",
+                   help="comma-separated: torch, ort, cpp; NAME:S1+S2 runs only those strategies on it "
+                        "(e.g. torch:vanilla, the LLaDA baseline alone)")
     b.add_argument("--strategies", default="vanilla,threshold,spd")
     b.add_argument("--beam-widths", default="1,2,4,8")
     b.add_argument("--thresholds", default="0.9")
@@ -572,8 +575,9 @@ def build_parser() -> argparse.ArgumentParser:
     rp.add_argument("bench_json", help="the JSON written by `dllm-deploy bench --json`")
     rp.add_argument("--out", default=None, help="markdown file to write (default: stdout)")
     rp.add_argument("--plots", default=None, metavar="DIR", help="write the PNG plots here and link them")
-    rp.add_argument("--before", default=None, metavar="JSON",
-                    help="an earlier bench run (e.g. before distillation): its Pareto front and equal-quality figures beside these")
+    rp.add_argument("--compare", default=None, metavar="JSON",
+                    help="another bench run (e.g. of a distilled model): its Pareto front and equal-quality figures beside these")
+    rp.add_argument("--compare-label", default="other run", help="what to call the --compare run in the doc and plot")
     rp.add_argument("--load-test", default=None, metavar="JSON",
                     help="add the serving load table from benchmarks/load_table.py's JSON (benchmarks/load-ab.json)")
     rp.set_defaults(func=cmd_report)

@@ -78,6 +78,13 @@ def _run(label, strategy, tps, acc, w=1, select="lossless", base="vanilla", tau=
             "cache": cache, "tpf": 1.0}
 
 
+def test_configurations_per_backend_strategies_and_dynamic_tau():
+    cs = bench.configurations(["torch:vanilla", "ort"], ["vanilla", "threshold"], [4], [0.9, 0.95], threshold_floors=[0.9])
+    assert [c.label for c in cs] == ["torch:vanilla no-cache", "ort:vanilla no-cache", "ort:threshold tau0.9",
+                                     "ort:threshold tau0.95", "ort:threshold tau0.95>0.9"]
+    assert cs[-1].decode_kwargs(64)["threshold_floor"] == 0.9 and "threshold_floor" not in cs[-2].decode_kwargs(64)
+
+
 def test_tune_and_equal_quality_rules():
     runs = [_run("llada", "vanilla", 10.0, 0.80, backend="torch", cache="none"), _run("van", "vanilla", 20.0, 0.80),
             _run("thr", "threshold", 100.0, 0.795), _run("fast-bad", "spd", 300.0, 0.5, w=8),
@@ -126,6 +133,22 @@ def test_report_adds_the_serving_load_table(tmp_path):
         assert f"| {c} | {one:.1f} |" in text and f"| {cont / one:.2f}x |" in text
     (tmp_path / "bad.json").write_text('{"runs": []}')
     assert main(["report", str(root / "benchmarks" / "bench.json"), "--load-test", str(tmp_path / "bad.json")]) == 2
+
+
+def test_report_shows_equal_quality_of_both_runs(tmp_path):
+    """--compare: the other run's equal-quality picks beside this run's, recomputed from its runs."""
+    root = Path(__file__).resolve().parents[1]
+    src = root / "benchmarks" / "bench.json"
+    doc = tmp_path / "B.md"
+    assert main(["report", str(src), "--compare", str(src), "--compare-label", "distilled", "--out", str(doc)]) == 0
+    text = doc.read_text()
+    res = json.loads(src.read_text())
+    eq = bench.equal_quality(res["runs"])
+    assert "## Speed at equal quality" in text
+    for name in ("distilled", "this run"):
+        e = eq["backends"]["ort"]
+        assert f"| {name} | ort | {e['pick']} | {e['accuracy']:.3f} |" in text
+    assert main(["report", str(src), "--compare", str(tmp_path / "nope.json")]) == 2
 
 
 def test_report_rejects_non_bench_json(tmp_path):
