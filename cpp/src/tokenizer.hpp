@@ -2,7 +2,7 @@
 // (dllm_deploy/models/tokenizer.py):
 //   - "byte": the tiny dLLM's; bytes 0-255 are their own ids, specials follow: mask=256, eos=257, pad=258;
 //   - "hf": a Hugging Face tokenizer.json, run by onnxruntime-extensions' tokenizer C API, loaded at
-//     run time (docs/cpp.md, "Hugging Face tokenizers").
+//     run time (docs/cpp.md, "Hugging Face tokenizers in C++").
 #pragma once
 
 #include <cstdint>
