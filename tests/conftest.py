@@ -43,8 +43,9 @@ _TO_LLADA = [
 ]
 
 
-def write_checkpoint(folder: Path, layout: str, sharded: bool = False, seed: int = 0) -> Path:
-    """A tiny random checkpoint in the layout's own tensor names and config keys."""
+def write_checkpoint(folder: Path, layout: str, sharded: bool = False, seed: int = 0, config: dict | None = None) -> Path:
+    """A tiny random checkpoint in the layout's own tensor names and config keys (``config``: keys
+    that replace the layout's, e.g. a vocabulary for a tokenizer.json beside it)."""
     import torch
     from safetensors.torch import save_file
 
@@ -52,7 +53,7 @@ def write_checkpoint(folder: Path, layout: str, sharded: bool = False, seed: int
     from dllm_deploy.models.transformer import DLLM
 
     folder.mkdir(parents=True, exist_ok=True)
-    raw = LAYOUT_CONFIGS[layout]
+    raw = {**LAYOUT_CONFIGS[layout], **(config or {})}
     (folder / "config.json").write_text(json.dumps(raw))
     cfg = DLLMConfig.from_hf(raw)
     torch.manual_seed(seed)

@@ -79,11 +79,8 @@ std::string RowResult::to_json() const {
 
 Engine::Engine(const std::string& artifact_dir, const EngineOptions& options)
     : manifest_(read_manifest(artifact_dir, options.precision, options.verify_hashes)), options_(options) {
-  if (manifest_.tokenizer_kind == "hf")
-    fail(DLLM_ERROR_UNSUPPORTED, manifest_.folder + ": tokenizer kind 'hf' (tokenizer.json) is not supported in C++ yet; "
-                                 "only the byte tokenizer is");
-  if (manifest_.tokenizer_kind != "byte")
-    artifact_error(manifest_.folder + ": unknown tokenizer kind " + quoted(manifest_.tokenizer_kind) + " in the manifest");
+  tokenizer_ = make_tokenizer(manifest_.folder, manifest_.tokenizer_kind, manifest_.tokenizer_file,
+                              manifest_.tokenizer_config, manifest_.model.eos_token_id);
   if (manifest_.schema_version < 2) {  // ort_backend.cpp demotes the excluded ids on the host
     load_warning_ = manifest_.folder + ": a schema-1 artifact: its graphs may emit the mask token; the runtime "
                     "skips it on the host (re-export the artifact to fix this)";
@@ -142,7 +139,7 @@ std::vector<RowResult> Engine::generate(const std::vector<std::string>& prompts,
   std::vector<std::vector<int64_t>> encoded;
   size_t longest = 0;
   for (const std::string& prompt : prompts) {
-    encoded.push_back(tokenizer_.encode(prompt));
+    encoded.push_back(tokenizer_->encode(prompt));
     if (encoded.back().empty()) user_error("empty prompt");
     if (static_cast<int64_t>(encoded.back().size()) + budget > mc.max_seq)
       user_error("prompt of " + std::to_string(encoded.back().size()) + " tokens + " + std::to_string(budget) +
@@ -159,7 +156,7 @@ std::vector<RowResult> Engine::generate(const std::vector<std::string>& prompts,
   const double backend0 = backend_->run_seconds;
   const auto t0 = std::chrono::steady_clock::now();
   streams_.assign(prompts.size(),
-                  RowStream(cfg.stop, std::min<int64_t>(budget, cfg.max_tokens.value_or(budget)), mc.eos_token_id));
+                  RowStream(*tokenizer_, cfg.stop, std::min<int64_t>(budget, cfg.max_tokens.value_or(budget)), mc.eos_token_id));
   sink_ = sink ? &sink : nullptr, cancelled_ = false, t0_ = t0;
   try {
     run(encoded, cfg, policy, n_blocks, mode, out);

@@ -109,7 +109,7 @@ class Engine {
   int cap_;                   // min(manifest max_beam_width, user cap, free-memory estimate)
   std::string cap_reason_;    // what set cap_, for the warning
   std::string load_warning_;  // a schema-1 artifact's warning, until the first result carries it
-  ByteTokenizer tokenizer_;
+  std::unique_ptr<Tokenizer> tokenizer_;  // the manifest's
   std::unique_ptr<OrtBackend> backend_;
   // loop state, sized once per generate (grow-only)
   CacheMode mode_ = CacheMode::kExact;

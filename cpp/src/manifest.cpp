@@ -250,6 +250,12 @@ Manifest read_manifest(const std::string& folder_in, const std::string& precisio
   const Json& tok = r.object(m, "tokenizer", "tokenizer");
   const Json* kind = find(tok, "kind");
   out.tokenizer_kind = kind && kind->is_string() ? kind->get<std::string>() : "";
+  for (auto [key, field] : {std::pair{"file", &out.tokenizer_file}, std::pair{"config", &out.tokenizer_config}}) {
+    const Json* v = find(tok, key);
+    if (v && (!v->is_string() || v->get<std::string>().find('/') != std::string::npos || *v == ".."))
+      r.corrupt(std::string("'tokenizer.") + key + "' must be a file name inside the artifact");
+    *field = v ? v->get<std::string>() : "";
+  }
   const Json& graphs = r.object(m, "graphs", "graphs");
   const Json& gp = r.object(graphs, "prefill", "graphs.prefill");
   const Json& gv = r.object(graphs, "verify", "graphs.verify");

@@ -52,6 +52,7 @@ struct Manifest {
   int sample_pool = 0;       // P of "sampling": the tokens a row samples among (0: none)
   bool graphs_sample = false;  // the graphs take the sampling inputs (schema 3); else greedy only
   std::string tokenizer_kind;
+  std::string tokenizer_file, tokenizer_config;  // "hf": tokenizer.json and tokenizer_config.json ("" if none)
   GraphIO prefill, verify;
   std::string prefill_file, verify_file;  // paths inside the folder, for this precision
 };

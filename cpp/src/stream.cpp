@@ -31,8 +31,8 @@ std::string Chunk::to_json(int index) const {
   return o + "}";
 }
 
-RowStream::RowStream(std::vector<std::string> stop, int64_t budget, int64_t eos_id)
-    : stop_(std::move(stop)), budget_(budget), eos_id_(eos_id) {}
+RowStream::RowStream(const Tokenizer& tokenizer, std::vector<std::string> stop, int64_t budget, int64_t eos_id)
+    : tokenizer_(&tokenizer), stop_(std::move(stop)), budget_(budget), eos_id_(eos_id) {}
 
 // Held back while the row goes on: a trailing U+FFFD (an incomplete UTF-8 sequence may complete
 // with the next token), then the longest trailing part that is a proper prefix of a stop string.
@@ -61,7 +61,7 @@ size_t RowStream::stop_cut(const std::string& text) const {
 // whose text lies wholly within it); the released count when none is.
 size_t RowStream::ids_within(const std::vector<int64_t>& ids, size_t n_max, const std::string& text) const {
   for (size_t n = n_max; n > ids_.size(); --n) {
-    const std::string t = tokenizer_.decode(std::vector<int64_t>(ids.begin(), ids.begin() + static_cast<long>(n)));
+    const std::string t = tokenizer_->decode(std::vector<int64_t>(ids.begin(), ids.begin() + static_cast<long>(n)));
     if (t.size() <= text.size() && text.compare(0, t.size(), t) == 0) return n;
   }
   return ids_.size();
@@ -76,7 +76,7 @@ bool RowStream::report(const std::vector<int64_t>& ids, int64_t forwards, Chunk*
   if (final_.size() <= reported_) return false;
   reported_ = final_.size();
 
-  const std::string text = tokenizer_.decode(final_);
+  const std::string text = tokenizer_->decode(final_);
   std::string released;
   size_t n = final_.size();
   if (const size_t cut = stop_cut(text); cut != std::string::npos) {

@@ -29,8 +29,8 @@ struct Chunk {
 
 class RowStream {
  public:
-  // budget: min(max_tokens, canvas) final ids at most.
-  RowStream(std::vector<std::string> stop, int64_t budget, int64_t eos_id);
+  // budget: min(max_tokens, canvas) final ids at most; tokenizer: the engine's, which outlives the stream.
+  RowStream(const Tokenizer& tokenizer, std::vector<std::string> stop, int64_t budget, int64_t eos_id);
 
   // The row's final ids before the cuts (finished blocks, then the committed prefix); true when a
   // chunk is due, written to *out.
@@ -46,7 +46,7 @@ class RowStream {
   size_t stop_cut(const std::string& text) const;              // the earliest stop string's start, or npos
   size_t ids_within(const std::vector<int64_t>& ids, size_t n_max, const std::string& text) const;
 
-  ByteTokenizer tokenizer_;
+  const Tokenizer* tokenizer_;
   std::vector<std::string> stop_;
   int64_t budget_, eos_id_;
   size_t reported_ = 0;             // the final id count at the last chunk

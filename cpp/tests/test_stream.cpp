@@ -27,8 +27,9 @@ int main(int argc, char** argv) {
   }
   const json golden = json::parse(in);
   int bad = 0, checked = 0, index = 0;
+  const dllm::detail::ByteTokenizer tokenizer;
   for (const json& c : golden.at("cases")) {
-    dllm::detail::RowStream stream(c.at("stop").get<std::vector<std::string>>(), c.at("budget").get<int64_t>(),
+    dllm::detail::RowStream stream(tokenizer, c.at("stop").get<std::vector<std::string>>(), c.at("budget").get<int64_t>(),
                                    c.at("eos_id").get<int64_t>());
     std::vector<json> got;
     for (const json& ids : c.at("reports")) {

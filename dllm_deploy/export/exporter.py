@@ -265,7 +265,7 @@ def _write_artifact(tmp: Path, module, cfg, tok, src: Path, L: int, precisions: 
         if prec == "fp16":
             module = module.float()
     if tok.kind == "hf":
-        shutil.copy(src / "tokenizer.json", tmp / "tokenizer.json")
+        tok.write_files(src, tmp)
     manifest = {
         "exporter_version": __version__, "torch_version": torch.__version__, "onnx_opset": opset,
         "model": cfg.to_dict(), "source": str(src),

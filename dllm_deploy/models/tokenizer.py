@@ -1,6 +1,8 @@
 """Tokenizers: the byte tokenizer of the tiny dLLM, and Hugging Face ``tokenizer.json`` files."""
 from __future__ import annotations
 
+import json
+import shutil
 from pathlib import Path
 
 from ..errors import UserError, file_error
@@ -61,8 +63,22 @@ class HFTokenizer:
             ids = ids[: ids.index(self.EOS)]
         return self._tok.decode(ids, skip_special_tokens=True)
 
+    def write_files(self, src: Path, dst: Path) -> None:
+        """The files an artifact carries: tokenizer.json, and the tokenizer_config.json that the C++
+        runtime's onnxruntime-extensions needs beside it (the model folder's, else one naming the
+        EOS token, with nothing added on encode)."""
+        shutil.copy(src / "tokenizer.json", dst / "tokenizer.json")
+        if (src / "tokenizer_config.json").exists():
+            shutil.copy(src / "tokenizer_config.json", dst / "tokenizer_config.json")
+            return
+        config = {"tokenizer_class": "GPT2Tokenizer", "eos_token": self._tok.id_to_token(self.EOS),
+                  "bos_token": None, "unk_token": None, "add_bos_token": False, "add_eos_token": False,
+                  "clean_up_tokenization_spaces": False}
+        (dst / "tokenizer_config.json").write_text(json.dumps(config, indent=2) + "\n")
+
     def to_manifest(self) -> dict:
-        return {"kind": "hf", "file": "tokenizer.json"}
+        return {"kind": "hf", "file": "tokenizer.json", "config": "tokenizer_config.json",
+                "cpp": "onnxruntime-extensions"}
 
 
 def load_tokenizer(folder: str | Path | None, eos_token_id: int):

@@ -70,7 +70,7 @@ CASES = {
     "manifest without graphs": ("no-graphs", [], "corrupt manifest (no 'graphs')", True),
     "hash mismatch": ("hash", [], "verify.onnx: sha256 mismatch", True),
     "missing file": ("missing-file", [], "weights.bin: missing (listed in the manifest)", True),
-    "hf tokenizer": ("hf", [], "not supported in C++ yet", False),
+    "hf tokenizer without its config": ("hf", [], "no tokenizer_config.json for C++: re-export", False),
     "prompt over max_seq": ("good", ["--prompt", "x" * 480], "exceeds the model's max_seq 512", True),
     "empty prompt": ("good", ["--prompt", ""], "empty prompt", True),
     "unknown strategy": ("good", ["--strategy", "greedy"], "unknown strategy 'greedy'", "option"),
