@@ -195,7 +195,6 @@ def cmd_bench(a) -> int:
         res["tune"] = {"pick": t["pick"]["label"], "baseline": t["baseline"]["label"], "reference": t["reference"]["label"],
                        "speedup_vs_threshold": t["speedup_vs_threshold"], "quality_budget": a.quality_budget,
                        "overlay": str(path)}
-        res["targets"] = targets(res, tuned=t["pick"])
     if a.json:
         _write_file(Path(a.json), json.dumps(res, indent=1) + "\n")
     if a.plots:
@@ -271,8 +270,7 @@ def cmd_report(a) -> int:
     for r in (res, other):
         if r is not None:       # recomputed: the doc follows the current rules
             r["equal_quality"] = equal_quality(r["runs"], (r.get("equal_quality") or {}).get("budget", 0.01))
-    pick = next((r for r in res["runs"] if res.get("tune") and r["label"] == res["tune"]["pick"]), None)
-    res["targets"] = targets(res, tuned=pick)
+    res["targets"] = targets(res)
     paths = report.plots(res, a.plots, other=other, other_label=a.compare_label) if a.plots else []
     load = report.load_test(a.load_test) if a.load_test else None
     text = report.markdown(res, paths, a.out, source=a.bench_json, load=load, load_source=a.load_test,
