@@ -131,22 +131,10 @@ class FileSource:
 # -- noise and rows ------------------------------------------------------------------------------
 
 def _block_noise(block: int, mask_id: int, suffix_share: float):
-    """A noise function for ``train.build_row_ids``: per block, suffix masking (share
-    ``suffix_share``) or each token masked with probability ``1 - u**2`` (at least one)."""
-    def noise(a, tok, rng):
-        noisy, lossf = list(a), [0] * len(a)
-        for b in range(len(a) // block):
-            idx = range(b * block, (b + 1) * block)
-            if rng.random() < suffix_share:
-                cut = b * block + rng.randrange(block)
-                hit = [i for i in idx if i >= cut or rng.random() < 0.1]
-            else:
-                t = 1.0 - rng.random() ** 2
-                hit = [i for i in idx if rng.random() < t] or [rng.choice(list(idx))]
-            for i in hit:
-                noisy[i], lossf[i] = mask_id, 1
-        return noisy, lossf
-    return noise
+    """A noise function for ``train.build_row_ids``: ``train.mask_blocks`` with mask ratios leaning
+    high (``1 - u**2``)."""
+    from .models import train
+    return lambda a, tok, rng: train.mask_blocks(a, mask_id, rng, block, suffix_share, lambda u: 1.0 - u * u)
 
 
 def _semi_ar_row(p: list[int], answer: list[int], eos: int, mask_id: int, block: int, rng: random.Random,

@@ -72,24 +72,33 @@ def sample_example(rng: random.Random, held_out: set[str]) -> tasks.Example:
             return ex
 
 
-def noise_answer(a: list[int], tok: ByteTokenizer, rng: random.Random) -> tuple[list[int], list[int]]:
-    """One noisy copy of the answer blocks and its loss flags (1 = masked)."""
+def mask_blocks(a: list[int], mask_id: int, rng: random.Random, block: int = BLOCK, suffix_share: float | None = None,
+                ratio=lambda u: u) -> tuple[list[int], list[int]]:
+    """One noisy copy of the answer blocks and its loss flags (1 = masked): per block, suffix
+    masking (share ``suffix_share``, default SUFFIX_SHARE), else each token masked with probability
+    ``ratio(u)``, u ~ U(0,1) (at least one token)."""
+    share = SUFFIX_SHARE if suffix_share is None else suffix_share
     noisy = list(a)
     lossf = [0] * len(a)
-    for b in range(len(a) // BLOCK):
-        idx = range(b * BLOCK, (b + 1) * BLOCK)
-        if rng.random() < SUFFIX_SHARE:
+    for b in range(len(a) // block):
+        idx = range(b * block, (b + 1) * block)
+        if rng.random() < share:
             # suffix masking: everything from a random cut on, plus a few holes before it -- the
             # states a confident left-to-right decode passes through
-            cut = b * BLOCK + rng.randrange(BLOCK)
+            cut = b * block + rng.randrange(block)
             hit = [i for i in idx if i >= cut or rng.random() < 0.1]
         else:
-            t = rng.random()
+            t = ratio(rng.random())
             hit = [i for i in idx if rng.random() < t] or [rng.choice(list(idx))]
         for i in hit:
-            noisy[i] = tok.MASK
+            noisy[i] = mask_id
             lossf[i] = 1
     return noisy, lossf
+
+
+def noise_answer(a: list[int], tok: ByteTokenizer, rng: random.Random) -> tuple[list[int], list[int]]:
+    """The training noise (``mask_blocks`` with the module's block and suffix share)."""
+    return mask_blocks(a, tok.MASK, rng)
 
 
 def build_row(ex: tasks.Example, tok: ByteTokenizer, rng: random.Random, copies: int = 1, noise=None):
