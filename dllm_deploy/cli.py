@@ -185,7 +185,8 @@ def cmd_bench(a) -> int:
                     threshold_floors=floors, quality_budget=a.quality_budget)
     if a.tune:
         from .profiles import get_profile
-        names = [b.partition(":")[0] for b in backends]
+        from .bench import split_backend
+        names = [split_backend(b)[0] for b in backends]
         t = tune(res, backend="ort" if "ort" in names else names[0], quality_budget=a.quality_budget)
         prof, _, _ = get_profile("auto")
         overlay = overlay_profile(t, prof, a.json)

@@ -157,17 +157,12 @@ def make_batch(rows, cfg, rng: random.Random, suffix_share: float):
     import torch
 
     from .models import train
-    tok = SimpleNamespace(EOS=cfg.eos_token_id, MASK=cfg.mask_token_id)
     pad = cfg.pad_token_id if cfg.pad_token_id is not None else cfg.eos_token_id
     if cfg.attention == "block_causal":
-        built = [train.build_row_ids(p, a, tok, rng, 1, _block_noise(cfg.block_size, cfg.mask_token_id, suffix_share),
-                                     block=cfg.block_size) for p, a in rows]
-        s = max(len(r[0]) for r in built)
-
-        def col(i, v):
-            return torch.tensor([r[i] + [v] * (s - len(r[i])) for r in built], dtype=torch.long)
-        ids, pos, kind, blk, rep = col(0, pad), col(1, 0), col(2, train.KIND_PAD), col(3, -2), col(4, 0)
-        return ids, pos, train.training_mask(kind, blk, rep), col(5, 0), col(6, 0).bool()
+        tok = SimpleNamespace(EOS=cfg.eos_token_id, MASK=cfg.mask_token_id, PAD=pad)
+        noise = _block_noise(cfg.block_size, cfg.mask_token_id, suffix_share)
+        built = [train.build_row_ids(p, a, tok, rng, 1, noise, block=cfg.block_size) for p, a in rows]
+        return train.make_batch(rng, len(built), tok, set(), rows=built)
     built = [_semi_ar_row(p, a, cfg.eos_token_id, cfg.mask_token_id, cfg.block_size, rng, suffix_share) for p, a in rows]
     s = max(len(r[0]) for r in built)
     lens = torch.tensor([len(r[0]) for r in built])

@@ -63,9 +63,12 @@ class Threshold:
         ranked = _ranked_masked(state, probs, mask_id)
         if ranked.size == 0:
             return state.copy()
-        tau = self.tau if self.schedule is None else self.schedule.tau(step, int(ranked.size))
-        n = max(1, int((probs[ranked] >= tau).sum()))
+        n = max(1, int((probs[ranked] >= self.tau_at(step, int(ranked.size))).sum()))
         return commit(state, ids, ranked[:n])
+
+    def tau_at(self, step: int, masked_left: int) -> float:
+        """tau at this step of a block with ``masked_left`` masked positions."""
+        return self.tau if self.schedule is None else self.schedule.tau(step, masked_left)
 
 
 @dataclass(frozen=True)

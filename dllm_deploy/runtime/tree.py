@@ -111,8 +111,7 @@ class Drafter:
         elif isinstance(self.rule, Vanilla):
             take = ranked[:max(1, self.rule.count(len(parent), step))]
         else:
-            tau = (self.draft_tau if self.draft_tau is not None
-                   else self.rule.schedule.tau(step, int(ranked.size)) if self.rule.schedule is not None else self.rule.tau)
+            tau = self.draft_tau if self.draft_tau is not None else self.rule.tau_at(step, int(ranked.size))
             take = ranked[:max(1, int((probs[ranked] >= tau).sum()))]
         if kind == ALT_POSITION and take.size < ranked.size:
             take = np.concatenate([take[:-1], ranked[take.size:take.size + 1]])
