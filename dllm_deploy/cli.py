@@ -467,7 +467,7 @@ def cmd_distill(a) -> int:
     c = DistillConfig(steps=a.steps, batch=a.batch, lr=a.lr, seed=a.seed, entropy_weight=a.entropy_weight,
                       entropy_temperature=a.entropy_temperature, teacher_prompts=a.teacher_prompts,
                       reference_share=a.reference_share, gen_length=a.gen_length, threads=a.threads,
-                      time_limit=a.time_limit, mix=mix)
+                      time_limit=a.time_limit, mix=mix, dist=a.dist)
     tty = sys.stderr.isatty() and not a.json
     log = (lambda msg: None) if a.json else (lambda msg: print(msg, file=sys.stderr))
     rec = distill(a.model, a.out, teacher=a.teacher, prompts=a.prompts, dcfg=c, force=a.force, log=log,
@@ -643,6 +643,8 @@ def build_parser() -> argparse.ArgumentParser:
                     help="share of each batch drawn fresh with reference answers (when the prompts have them)")
     ds.add_argument("--gen-length", type=int, default=128, help="the teacher's canvas (tokens)")
     ds.add_argument("--mix", default="", help="task family weights, e.g. count=2,text=0.3 (bundled tasks only)")
+    ds.add_argument("--dist", default="train", choices=("train", "core"),
+                    help="bundled tasks' distribution: train (original + broad inputs) or core (the original only)")
     ds.add_argument("--threads", type=int, default=2)
     ds.add_argument("--time-limit", type=float, default=0, help="stop and write after this many seconds of training; the learning rate anneals by then (0: none)")
     ds.add_argument("--force", action="store_true", help="replace a checkpoint this command wrote")

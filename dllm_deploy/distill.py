@@ -56,6 +56,7 @@ class DistillConfig:
     gen_length: int = 128                 # the teacher's canvas
     threads: int = 2
     time_limit: float = 0.0               # seconds; 0: none
+    dist: str = "train"                   # bundled tasks: "train" (core + broad inputs) or "core"
     mix: dict = field(default_factory=lambda: {"upper": 1.2, "reverse": 2.0, "kv": 1.0, "csv": 1.0,
                                                "count": 2.0, "letter": 1.0, "text": 0.3})
 
@@ -63,24 +64,27 @@ class DistillConfig:
 # -- prompt sources ------------------------------------------------------------------------------
 
 class TaskSource:
-    """The bundled task families' ``train`` distribution: prompts with reference answers and a
-    scorer. Never yields a prompt of either evaluation split."""
+    """The bundled task families' ``train`` (or ``core``) distribution: prompts with reference
+    answers and a scorer. Never yields a prompt of either evaluation split."""
 
     has_reference = True
 
-    def __init__(self, mix: dict, seed: int):
+    def __init__(self, mix: dict, seed: int, dist: str = "train"):
         from .evals import tasks
         unknown = sorted(set(mix) - set(tasks.FAMILIES + tasks.OPEN_FAMILIES))
         if unknown:
             raise UserError(f"--mix: unknown family {unknown[0]!r} (known: {', '.join(tasks.FAMILIES + tasks.OPEN_FAMILIES)})")
         self.tasks, self.mix, self.rng = tasks, {k: v for k, v in mix.items() if v > 0}, random.Random(seed)
+        if dist not in ("train", "core"):
+            raise UserError(f"--dist: expected train or core, got {dist!r}")
+        self.dist = dist
         self.held_out = tasks.eval_prompts()
 
     def draw(self):
         fams = list(self.mix)
         while True:
             fam = self.rng.choices(fams, weights=[self.mix[f] for f in fams])[0]
-            ex = self.tasks.gen_text(self.rng, "train") if fam == "text" else self.tasks.GENERATORS[fam](self.rng, "train")
+            ex = self.tasks.gen_text(self.rng, "train") if fam == "text" else self.tasks.GENERATORS[fam](self.rng, self.dist)
             if ex.prompt not in self.held_out:
                 return ex
 
@@ -274,7 +278,7 @@ def distill(model: str, out: str | Path, teacher: str | None = None, prompts: st
     rng = random.Random(c.seed)
     student, cfg = load_model(src)
     tokenizer = load_tokenizer(src, cfg.eos_token_id)
-    source = FileSource(Path(prompts), c.seed) if prompts else TaskSource(c.mix, c.seed)
+    source = FileSource(Path(prompts), c.seed) if prompts else TaskSource(c.mix, c.seed, c.dist)
     if not source.has_reference and c.teacher_prompts == 0:
         raise UserError("the prompts have no reference answers: the teacher must decode some (--teacher-prompts > 0)")
     share = c.reference_share if source.has_reference else 0.0
@@ -338,7 +342,7 @@ def distill(model: str, out: str | Path, teacher: str | None = None, prompts: st
     cpu1 = resource.getrusage(resource.RUSAGE_SELF)
     record = {
         "distill": {**asdict(c), "steps_done": step, "stopped_by_time_limit": timed_out,
-                    "model": str(model), "teacher": str(teacher or model), "prompts": str(prompts) if prompts else "tasks:train",
+                    "model": str(model), "teacher": str(teacher or model), "prompts": str(prompts) if prompts else f"tasks:{c.dist}",
                     "states": cfg.attention, "wall_s": round(time.time() - t0, 1),
                     "cpu_s": round(cpu1.ru_utime + cpu1.ru_stime - cpu0.ru_utime - cpu0.ru_stime, 1),
                     "final_ce_ema": round(ema_ce, 4), "final_entropy_ema": round(ema_h, 4),

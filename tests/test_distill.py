@@ -89,3 +89,25 @@ def test_distill_bad_input_is_one_line(tmp_path, capsys):
     err = capsys.readouterr().err
     assert "Traceback" not in err and err.count("\n") == 4
     assert not any((tmp_path / n).exists() for n in "abcd")
+
+
+def test_core_source_draws_only_the_original_distribution():
+    """``--dist core``: every upper / count prompt is of the original form (the 149 words, starts of
+    100-9999); ``train`` also draws broad inputs."""
+    from dllm_deploy.distill import TaskSource
+    from dllm_deploy.evals import tasks
+
+    def draws(dist):
+        src = TaskSource({"upper": 1.0, "count": 1.0}, seed=3, dist=dist)
+        return [src.draw() for _ in range(200)]
+
+    def original(ex):
+        text = ex.prompt.split(": ", 1)[1].strip()
+        if ex.family == "upper":
+            return all(w in tasks.WORDS for w in text.split())
+        return 100 <= int(text.split()[1]) <= 9999
+    assert all(original(e) for e in draws("core"))
+    assert not all(original(e) for e in draws("train"))
+    from dllm_deploy.errors import UserError
+    with pytest.raises(UserError):
+        TaskSource({"upper": 1.0}, seed=0, dist="general")

@@ -16,10 +16,10 @@ BUILD_SCRIPT = REPO / "cpp" / "scripts" / "build.sh"
 
 
 
-def _build(kind: str) -> Path:
+def _build(kind: str, *targets: str) -> Path:
     """cpp/scripts/build.sh (idempotent: a no-op when up to date, as after `make cpp`)."""
     env = dict(os.environ, PYTHON=sys.executable)
-    r = subprocess.run(["bash", str(BUILD_SCRIPT), kind], check=False, capture_output=True, text=True,
+    r = subprocess.run(["bash", str(BUILD_SCRIPT), kind, *targets], check=False, capture_output=True, text=True,
                        env=env, cwd=REPO)
     if r.returncode:
         pytest.fail(f"C++ build ({kind}) failed:\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}")
@@ -33,7 +33,9 @@ def cpp_build() -> Path:
 
 @pytest.fixture(scope="session")
 def cpp_asan_build() -> Path:
-    return _build("asan")
+    """The sanitizer build of the library and dllm-generate, the one program its tests run (the
+    golden tests and tools are checked in the release build)."""
+    return _build("asan", "dllm-generate")
 
 
 def run_generate(build: Path, *args: str, env: dict | None = None, timeout: float = 300) -> subprocess.CompletedProcess:
