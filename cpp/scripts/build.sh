@@ -2,7 +2,7 @@
 # Build the C++ runtime (library, dllm-generate, dllm-embed):
 #   cpp/scripts/build.sh           -> build/cpp        (Release)
 #   cpp/scripts/build.sh asan      -> build/cpp-asan   (AddressSanitizer + UBSan, -O1 -g)
-#   cpp/scripts/build.sh KIND TARGET...  only those targets (the sanitizer tests need dllm-generate)
+#   cpp/scripts/build.sh KIND TARGET...  only those targets (the sanitizer tests build two)
 # ONNX Runtime comes from $ONNXRUNTIME_ROOT, else get_onnxruntime.sh provides build/onnxruntime;
 # nlohmann-json from $NLOHMANN_JSON_ROOT, else get_nlohmann_json.sh provides build/nlohmann_json.
 # JOBS (default 2) parallel compile jobs; compiles run at nice 5.

@@ -33,9 +33,9 @@ def cpp_build() -> Path:
 
 @pytest.fixture(scope="session")
 def cpp_asan_build() -> Path:
-    """The sanitizer build of the library and dllm-generate, the one program its tests run (the
-    golden tests and tools are checked in the release build)."""
-    return _build("asan", "dllm-generate")
+    """The sanitizer build of the library and the two programs its tests run (the golden tests and
+    the other tools are checked in the release build)."""
+    return _build("asan", "dllm-generate", "dllm-stream-check")
 
 
 def run_generate(build: Path, *args: str, env: dict | None = None, timeout: float = 300) -> subprocess.CompletedProcess:
