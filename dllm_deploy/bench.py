@@ -143,6 +143,7 @@ class Config:
     beam_width: int = 1
     threshold: float = 0.9
     threshold_floor: float | None = None   # threshold rule: dynamic tau down to this floor
+    threshold_far: float | None = None     # threshold rule: tau past the first masked position below tau
     select: str = "lossless"
     base: str = "vanilla"
     cache: str = "auto"           # vanilla baseline: none (LLaDA recomputes everything)
@@ -160,6 +161,7 @@ class Config:
                 extra += f" {self.tree}"
         elif self.strategy == "threshold":
             extra = f" tau{self.threshold}" + (f">{self.threshold_floor}" if self.threshold_floor else "")
+            extra += f" far{self.threshold_far}" if self.threshold_far else ""
         else:
             extra = " no-cache" if self.cache == "none" else ""
         if self.temperature > 0:
@@ -176,6 +178,8 @@ class Config:
         kw = {"strategy": self.strategy, "threshold": self.threshold, "gen_length": gen_length, "cache": self.cache}
         if self.threshold_floor:
             kw["threshold_floor"] = self.threshold_floor
+        if self.threshold_far:
+            kw["threshold_far"] = self.threshold_far
         if self.strategy == "spd":
             kw.update(beam_width=self.beam_width, select=self.select, base=self.base, tree=self.tree)
         if self.temperature > 0:
@@ -191,10 +195,11 @@ def split_backend(item: str) -> tuple[str, list[str] | None]:
 
 
 def configurations(backends, strategies, beam_widths, thresholds, tree: str = DEFAULT_TREE, seeds=(),
-                   threshold_floors=()) -> list[Config]:
+                   threshold_floors=(), threshold_fars=()) -> list[Config]:
     """Every greedy configuration, then (``seeds``) each cached one again sampling with each seed.
     ``threshold_floors``: the threshold rule again with a dynamic tau from each threshold down to
-    each floor below it. A backend written ``NAME:S1+S2`` runs only strategies S1, S2."""
+    each floor below it; ``threshold_fars``: again with each far threshold at or above it (the
+    positions past the first uncertain one need that confidence). A backend written ``NAME:S1+S2`` runs only strategies S1, S2."""
     out = []
     for item in backends:
         be, only = split_backend(item)
@@ -207,6 +212,8 @@ def configurations(backends, strategies, beam_widths, thresholds, tree: str = DE
                 out += [Config(be, "threshold", threshold=t) for t in thresholds]
                 out += [Config(be, "threshold", threshold=t, threshold_floor=f) for t in thresholds
                         for f in threshold_floors if f < t]
+                out += [Config(be, "threshold", threshold=t, threshold_far=f) for t in thresholds
+                        for f in threshold_fars if f >= t]
             elif s == "spd":
                 for w in beam_widths:
                     if w < 1:
@@ -300,7 +307,7 @@ def _peak_memory(artifact: str, widths, block_length: int, prefix: int) -> dict[
 def run_bench(artifact: str, backends=("torch", "ort"), strategies=("vanilla", "threshold", "spd"),
               beam_widths=(1, 2, 4, 8), thresholds=(0.9,), families=None, n: int = 5, repeats: int = 3,
               gen_length: int = 256, tree: str = DEFAULT_TREE, batch_size: int = 1, cost_repeats: int = 5,
-              memory: bool = False, device: str = "cpu", progress=None, seeds=(), threshold_floors=(),
+              memory: bool = False, device: str = "cpu", progress=None, seeds=(), threshold_floors=(), threshold_fars=(),
               quality_budget: float = 0.01) -> dict:
     from .evals import tasks
     from .evals.harness import run_eval
@@ -314,7 +321,7 @@ def run_bench(artifact: str, backends=("torch", "ort"), strategies=("vanilla", "
         raise UserError(f"unknown task family {unknown[0]!r} (expected some of {', '.join(tasks.FAMILIES)})")
     from .profiles import get_profile
     prof, reasons, _ = get_profile("auto")
-    configs = configurations(backends, strategies, beam_widths, thresholds, tree, seeds, threshold_floors)
+    configs = configurations(backends, strategies, beam_widths, thresholds, tree, seeds, threshold_floors, threshold_fars)
     backends = list(dict.fromkeys(split_backend(b)[0] for b in backends))
     ort_rt = Runtime.load(artifact=artifact)
     runtimes = {}

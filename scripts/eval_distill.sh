@@ -2,8 +2,8 @@
 # The before/after-distillation eval tables of docs/distill.md: every decoding rule on both splits
 # (core: in distribution; general: held-out words and lengths), 50 prompts per family, ONNX Runtime.
 # Usage: scripts/eval_distill.sh ARTIFACT OUT_DIR [N_PER_FAMILY] [RUNS]
-#   RUNS: all (default: the lossless SPD rows too, on the core split) or rules (none: lossless SPD is
-#   token-identical to its base rule, so those rows add TPF only)
+#   RUNS: all (default: the lossless SPD rows too, on the core split), rules (none: lossless SPD is
+#   token-identical to its base rule, so those rows add TPF only) or far (the far-threshold rows only)
 # e.g. dllm-deploy export --model tiny --out build/art && scripts/eval_distill.sh build/art benchmarks/eval-distill/distilled
 set -euo pipefail
 ART=$1
@@ -19,6 +19,10 @@ run() {
   $CLI eval --artifact "$ART" --split "$split" --n "$N" --tasks $FAMS --json "$@" > "$OUT/$split/$name.json"
 }
 for SPLIT in core general; do
+  for TAU in 0.9 0.95 0.98; do
+    run $SPLIT threshold_${TAU}_far_0.999 --strategy threshold --threshold "$TAU" --threshold-far 0.999
+  done
+  [ "$RUNS" = far ] && continue
   run $SPLIT vanilla --strategy vanilla
   for TAU in 0.9 0.95 0.99; do
     run $SPLIT threshold_$TAU --strategy threshold --threshold "$TAU"

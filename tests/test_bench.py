@@ -83,6 +83,9 @@ def test_configurations_per_backend_strategies_and_dynamic_tau():
     assert [c.label for c in cs] == ["torch:vanilla no-cache", "ort:vanilla no-cache", "ort:threshold tau0.9",
                                      "ort:threshold tau0.95", "ort:threshold tau0.95>0.9"]
     assert cs[-1].decode_kwargs(64)["threshold_floor"] == 0.9 and "threshold_floor" not in cs[-2].decode_kwargs(64)
+    fars = bench.configurations(["ort"], ["threshold"], [4], [0.9, 0.999], threshold_fars=[0.99])
+    assert [c.label for c in fars] == ["ort:threshold tau0.9", "ort:threshold tau0.999", "ort:threshold tau0.9 far0.99"]
+    assert fars[-1].decode_kwargs(64)["threshold_far"] == 0.99 and "threshold_far" not in fars[0].decode_kwargs(64)
 
 
 def test_tune_and_equal_quality_rules():

@@ -54,17 +54,36 @@ class Threshold:
     """Fast-dLLM confidence-aware parallel decoding: commit every masked position whose top-1
     probability is >= tau, and always at least the most confident one. With a ``schedule`` tau
     is dynamic: ``schedule.tau(step, masked positions left)`` (a pure function of the state and
-    the step, so lossless SPD over this rule stays exact)."""
+    the step, so lossless SPD over this rule stays exact).
+
+    ``far`` (None: tau) is the bar for a masked position to the right of the first masked position
+    below tau: positions are taken left to right while they clear tau, past that gap only at
+    ``far`` (and the most confident one when none qualifies). A character placed beyond an unresolved one is where a small model's parallel step goes
+    wrong (a variable-length field shifts the rest of the block, docs/distill.md); a near-certain
+    tail (the end-of-text padding) still commits at once."""
     tau: float = 0.9
     schedule: "ThresholdSchedule | None" = None
+    far: float | None = None
     name: str = "threshold"
 
     def __call__(self, state, ids, probs, step, mask_id):
+        return commit(state, ids, self.positions(state, probs, step, mask_id))
+
+    def positions(self, state, probs, step, mask_id, tau: float | None = None) -> np.ndarray:
+        """The masked positions this step commits, most confident first. ``tau`` overrides the
+        rule's tau at this step (SPD's drafts); ``far`` stays at least that tau."""
         ranked = _ranked_masked(state, probs, mask_id)
         if ranked.size == 0:
-            return state.copy()
-        n = max(1, int((probs[ranked] >= self.tau_at(step, int(ranked.size))).sum()))
-        return commit(state, ids, ranked[:n])
+            return ranked
+        t = self.tau_at(step, int(ranked.size)) if tau is None else tau
+        p = probs[ranked]
+        if self.far is None:
+            return ranked[:max(1, int((p >= t).sum()))]
+        masked = np.flatnonzero(state == mask_id)
+        below = masked[probs[masked] < t]
+        gap = below[0] if below.size else state.shape[0]
+        keep = ((ranked < gap) & (p >= t)) | (p >= max(self.far, t))
+        return ranked[keep] if keep.any() else ranked[:1]
 
     def tau_at(self, step: int, masked_left: int) -> float:
         """tau at this step of a block with ``masked_left`` masked positions."""

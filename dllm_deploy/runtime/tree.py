@@ -13,7 +13,7 @@ Node 0 is always ``R(S, f(S))`` — the base rule's true next state, known exact
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import lru_cache
 
 import numpy as np
@@ -111,8 +111,7 @@ class Drafter:
         elif isinstance(self.rule, Vanilla):
             take = ranked[:max(1, self.rule.count(len(parent), step))]
         else:
-            tau = self.draft_tau if self.draft_tau is not None else self.rule.tau_at(step, int(ranked.size))
-            take = ranked[:max(1, int((probs[ranked] >= tau).sum()))]
+            take = self.rule.positions(parent, probs, step, m, tau=self.draft_tau)
         if kind == ALT_POSITION and take.size < ranked.size:
             take = np.concatenate([take[:-1], ranked[take.size:take.size + 1]])
         child = commit(parent, ids, take)
@@ -123,7 +122,8 @@ class Drafter:
         ids1, p1 = top_ids[:, 0], top_probs[:, 0]
         depths = node_depths(spec)
         nodes = np.empty((spec.width, state.shape[0]), dtype=state.dtype)
-        rule = self.rule if tau_now is None else Threshold(tau_now)
+        rule = self.rule if tau_now is None else (
+            replace(self.rule, tau=tau_now, schedule=None) if isinstance(self.rule, Threshold) else Threshold(tau_now))
         nodes[0] = rule(state, ids1, p1, step, self.mask_id)
         for i in range(1, spec.width):
             parent = nodes[spec.parents[i]]

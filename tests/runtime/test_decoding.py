@@ -12,11 +12,12 @@ L = 32
 
 
 def reference_decode(runtime, prompt: str, rule: str, tau: float = 0.9, gen_length: int = 128,
-                     floor: float | None = None) -> list[int]:
+                     floor: float | None = None, far: float | None = None) -> list[int]:
     """A straightforward full-recompute implementation: every step runs the model on
     [prompt | committed blocks | current block] under a block-causal mask and commits by the rule
     (LLaDA low-confidence remasking with one token per step, or Fast-dLLM's threshold; with
-    ``floor``, the dynamic tau: tau * 0.97**step down to floor, tau again for the last 2 masked)."""
+    ``floor``, the dynamic tau: tau * 0.97**step down to floor, tau again for the last 2 masked;
+    with ``far``, positions left of the first masked one under tau at tau, the others at ``far``)."""
     model, cfg, tok = runtime.backend.model, runtime.config, runtime.tokenizer
     prompt_ids = tok.encode(prompt)
     out: list[int] = []
@@ -38,7 +39,9 @@ def reference_decode(runtime, prompt: str, rule: str, tau: float = 0.9, gen_leng
                 chosen = order[:1]
             else:
                 t = tau if floor is None or len(masked) <= 2 else max(floor, tau * 0.97 ** step)
-                chosen = [i for i in order if conf[i].item() >= t] or order[:1]
+                gap = next((i for i in masked if conf[i].item() < t), L)
+                bar = [t if far is None or i < gap else max(far, t) for i in range(L)]
+                chosen = [i for i in order if conf[i].item() >= bar[i]] or order[:1]
             for i in chosen:
                 block[i] = int(pred[i])
             if cfg.eos_token_id in block:
@@ -76,6 +79,18 @@ def test_dynamic_threshold_equals_reference_and_lossless_spd_keeps_it(tiny_runti
     spd = tiny_runtime.generate(prompts, strategy="spd", base="threshold", threshold=0.95, threshold_floor=0.6,
                                 beam_width=4, gen_length=128)
     assert [s.token_ids for s in spd] == [r.token_ids for r in dyn]
+
+
+def test_far_threshold_equals_reference_and_lossless_spd_keeps_it(tiny_runtime):
+    prompts = _prompts(1)[1::2]
+    far = tiny_runtime.generate(prompts, strategy="threshold", threshold=0.8, threshold_far=0.999, gen_length=128)
+    plain = tiny_runtime.generate(prompts, strategy="threshold", threshold=0.8, gen_length=128)
+    for p, r in zip(prompts, far):
+        assert r.token_ids == reference_decode(tiny_runtime, p, "threshold", tau=0.8, far=0.999), p
+    assert sum(r.forwards for r in far) > sum(r.forwards for r in plain)     # positions past a gap wait
+    spd = tiny_runtime.generate(prompts, strategy="spd", base="threshold", threshold=0.8, threshold_far=0.999,
+                                beam_width=4, gen_length=128)
+    assert [s.token_ids for s in spd] == [r.token_ids for r in far]
 
 
 def test_cache_none_equals_exact(tiny_runtime):

@@ -46,6 +46,20 @@ def test_threshold_with_a_schedule_uses_the_step_and_the_masked_count():
     assert Threshold(0.95, sch)(s2, ids, p, 5, M).tolist() == [1, 5, M, 6]
 
 
+def test_far_threshold_takes_left_to_right_then_only_near_certain_positions():
+    s = np.array([M, 7, M, M, M, M])
+    ids = np.array([1, 2, 3, 4, 5, 6])
+    p = np.array([0.95, 0.1, 0.92, 0.5, 0.97, 0.9999])
+    assert Threshold(0.9)(s, ids, p, 0, M).tolist() == [1, 7, 3, M, 5, 6]              # Fast-dLLM: every one >= tau
+    assert Threshold(0.9, far=0.999)(s, ids, p, 0, M).tolist() == [1, 7, 3, M, M, 6]   # gap at 3: 4 waits, 5 clears far
+    assert Threshold(0.9, far=1.0)(s, ids, p, 0, M).tolist() == [1, 7, 3, M, M, M]     # left to right only
+    low = np.array([0.5, 0.1, 0.6, 0.4, 0.3, 0.2])
+    assert Threshold(0.9, far=0.999)(s, ids, low, 0, M).tolist() == [M, 7, 3, M, M, M]  # none clears: the most confident
+    order = Threshold(0.9, far=0.999).positions(s, p, 0, M)
+    assert order.tolist() == [5, 0, 2]                                                  # most confident first (SPD's drafts)
+    assert Threshold(0.9, far=0.999).positions(s, p, 0, M, tau=0.96).tolist() == [5]   # a draft tau raises far's floor too
+
+
 def test_threshold_floor_over_the_threshold_is_refused():
     from dllm_deploy.errors import UserError
     from dllm_deploy.runtime.api import decode_config
@@ -155,3 +169,11 @@ def test_candidates_only_for_the_lossy_mode():
                 dict(strategy="spd", select="threshold", candidates=-1)):
         with pytest.raises(UserError):
             decode_config(**bad)
+
+
+def test_far_threshold_below_the_threshold_is_refused():
+    from dllm_deploy.errors import UserError
+    from dllm_deploy.runtime.api import decode_config
+    assert decode_config(strategy="threshold", threshold=0.9, threshold_far=0.9).threshold_far == 0.9
+    with pytest.raises(UserError, match="far threshold"):
+        decode_config(strategy="threshold", threshold=0.9, threshold_far=0.8)
