@@ -19,7 +19,7 @@ run() {
   $CLI eval --artifact "$ART" --split "$split" --n "$N" --tasks $FAMS --json "$@" > "$OUT/$split/$name.json"
 }
 for SPLIT in core general; do
-  for TAU in 0.9 0.95 0.98; do
+  for TAU in 0.9 0.95 0.97 0.98; do
     run $SPLIT threshold_${TAU}_far_0.999 --strategy threshold --threshold "$TAU" --threshold-far 0.999
   done
   [ "$RUNS" = far ] && continue

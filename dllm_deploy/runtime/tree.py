@@ -113,7 +113,9 @@ class Drafter:
         else:
             take = self.rule.positions(parent, probs, step, m, tau=self.draft_tau)
         if kind == ALT_POSITION and take.size < ranked.size:
-            take = np.concatenate([take[:-1], ranked[take.size:take.size + 1]])
+            # the least confident taken position gives way to the most confident one not taken
+            # (with a far threshold the taken set need not be a prefix of the ranking)
+            take = np.concatenate([take[:-1], ranked[~np.isin(ranked, take)][:1]])
         child = commit(parent, ids, take)
         return child, take
 
