@@ -121,6 +121,12 @@ std::vector<RowResult> Engine::generate(const std::vector<std::string>& prompts,
     option_error(DLLM_ERROR_BAD_OPTION, "max_tokens",
                  "max tokens (" + std::to_string(*cfg_in.max_tokens) + ") exceeds gen length (" +
                      std::to_string(cfg_in.gen_length) + "): raise --gen-length or leave it out (it defaults to --max-tokens)");
+  if (cfg_in.threshold_far && *cfg_in.threshold_far < cfg_in.threshold) {
+    char msg[200];
+    std::snprintf(msg, sizeof msg, "far threshold (%g) is below the threshold (%g): --threshold-far must be at "
+                  "least --threshold", *cfg_in.threshold_far, cfg_in.threshold);
+    option_error(DLLM_ERROR_BAD_OPTION, "threshold_far", msg);
+  }
   const ModelConfig& mc = manifest_.model;
   std::string lowered;
   DecodeOptions cfg = cfg_in;

@@ -68,6 +68,7 @@ Policy::Policy(const DecodeOptions& cfg, int64_t mask_id) : cfg_(cfg), mask_(mas
   } else {
     rule_.vanilla = false;
     rule_.tau = cfg.threshold;
+    rule_.far = cfg.threshold_far;
   }
   lossy_ = spd && cfg.select == "threshold";
   has_draft_tau_ = spd;
@@ -77,6 +78,7 @@ Policy::Policy(const DecodeOptions& cfg, int64_t mask_id) : cfg_(cfg), mask_(mas
   for (int i = 0; i < spec_.width(); ++i)
     if (spec_.parents[i] >= 0) children_[spec_.parents[i]].push_back(i);
   ranked_.resize(L_);
+  take_.reserve(L_);
   ids1_.resize(L_);
   truth_.resize(L_);
   p1_.resize(L_);
@@ -111,22 +113,39 @@ int Policy::rank_masked(const int64_t* state, const float* probs) {
   return n;
 }
 
+void Policy::threshold_take(const Rule& rule, const int64_t* state, const float* probs, int n_masked, double tau) {
+  const float t = static_cast<float>(tau);
+  take_.clear();
+  if (!rule.far) {
+    for (int r = 0; r < n_masked && probs[ranked_[r]] >= t; ++r) take_.push_back(ranked_[r]);
+  } else {
+    int gap = L_;  // the first masked position below tau
+    for (int pos = 0; pos < L_; ++pos)
+      if (state[pos] == mask_ && probs[pos] < t) {
+        gap = pos;
+        break;
+      }
+    const float f = static_cast<float>(std::max(*rule.far, tau));
+    for (int r = 0; r < n_masked; ++r) {
+      const int pos = ranked_[r];
+      if ((pos < gap && probs[pos] >= t) || probs[pos] >= f) take_.push_back(pos);
+    }
+  }
+  if (take_.empty()) take_.push_back(ranked_[0]);
+}
+
 void Policy::apply(const Rule& rule, const int64_t* state, const int64_t* ids, const float* probs, int64_t step,
                    int64_t* out) {
   std::copy(state, state + L_, out);
   const int n_masked = rank_masked(state, probs);
   if (n_masked == 0) return;
-  int64_t take;
   if (rule.vanilla) {
-    take = std::max<int64_t>(1, rule.count(L_, step));
-  } else {
-    const float tau = static_cast<float>(rule.tau);
-    int64_t above = 0;
-    for (int r = 0; r < n_masked; ++r) above += probs[ranked_[r]] >= tau;
-    take = std::max<int64_t>(1, above);
+    const int64_t take = std::min<int64_t>(std::max<int64_t>(1, rule.count(L_, step)), n_masked);
+    for (int64_t r = 0; r < take; ++r) out[ranked_[r]] = ids[ranked_[r]];
+    return;
   }
-  take = std::min<int64_t>(take, n_masked);
-  for (int64_t r = 0; r < take; ++r) out[ranked_[r]] = ids[ranked_[r]];
+  threshold_take(rule, state, probs, n_masked, rule.tau);
+  for (int pos : take_) out[pos] = ids[pos];
 }
 
 void Policy::plan(const int64_t* state, const int64_t* top_ids, const float* top_probs, int k, int64_t step,
@@ -140,6 +159,7 @@ void Policy::plan(const int64_t* state, const int64_t* top_ids, const float* top
     Rule now;
     now.vanilla = false;
     now.tau = tau_now(step, state);
+    now.far = rule_.far;
     apply(now, state, ids1_.data(), p1_.data(), step, nodes);
   } else {
     apply(rule_, state, ids1_.data(), p1_.data(), step, nodes);
@@ -153,24 +173,27 @@ void Policy::plan(const int64_t* state, const int64_t* top_ids, const float* top
     std::copy(parent, parent + L_, child);
     const int n_masked = rank_masked(parent, p1_.data());
     if (n_masked == 0) continue;
-    int64_t take;
+    take_.clear();
     if (spec_.kinds[i] == kConservative) {
-      take = 1;
+      take_.push_back(ranked_[0]);
     } else if (rule_.vanilla) {
-      take = std::max<int64_t>(1, rule_.count(L_, dstep));
+      const int64_t take = std::min<int64_t>(std::max<int64_t>(1, rule_.count(L_, dstep)), n_masked);
+      take_.assign(ranked_.begin(), ranked_.begin() + take);
     } else {
-      const float tau = static_cast<float>(has_draft_tau_ && cfg_.draft_tau ? *cfg_.draft_tau : rule_.tau);
-      int64_t above = 0;
-      for (int r = 0; r < n_masked; ++r) above += p1_[ranked_[r]] >= tau;
-      take = std::max<int64_t>(1, above);
+      threshold_take(rule_, parent, p1_.data(), n_masked, has_draft_tau_ && cfg_.draft_tau ? *cfg_.draft_tau : rule_.tau);
     }
-    take = std::min<int64_t>(take, n_masked);
-    for (int64_t r = 0; r < take; ++r) child[ranked_[r]] = ids1_[ranked_[r]];
-    if (spec_.kinds[i] == kAltPosition && take < n_masked) {  // the last taken position gives way
-      child[ranked_[take - 1]] = parent[ranked_[take - 1]];
-      child[ranked_[take]] = ids1_[ranked_[take]];
+    for (int pos : take_) child[pos] = ids1_[pos];
+    if (spec_.kinds[i] == kAltPosition && static_cast<int>(take_.size()) < n_masked) {
+      // the least confident taken position gives way to the most confident one not taken
+      const int last = take_.back();
+      child[last] = parent[last];
+      for (int r = 0; r < n_masked; ++r)
+        if (std::find(take_.begin(), take_.end(), ranked_[r]) == take_.end()) {
+          child[ranked_[r]] = ids1_[ranked_[r]];
+          break;
+        }
     }
-    if (spec_.kinds[i] == kRunnerUp && k > 1) child[ranked_[0]] = top_ids[ranked_[0] * k + 1];
+    if (spec_.kinds[i] == kRunnerUp && k > 1) child[take_[0]] = top_ids[take_[0] * k + 1];
   }
 }
 

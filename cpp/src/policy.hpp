@@ -44,12 +44,13 @@ TreeSpec make_tree(const std::string& preset, int width);  // chain | binary | w
 std::vector<int> node_depths(const TreeSpec& spec);
 
 // Vanilla (k most confident per step, or LLaDA's steps schedule) or Threshold (every p >= tau,
-// at least one).
+// at least one; with `far`, left to right while p >= tau, past the first masked p < tau only at far).
 struct Rule {
   bool vanilla = true;
   int tokens_per_step = 1;
   int steps = 0;       // per block; 0 = None (tokens_per_step every step)
   double tau = 0.9;
+  std::optional<double> far;  // rules.Threshold.far
   int64_t count(int64_t block_len, int64_t step) const;
 };
 
@@ -71,6 +72,9 @@ class Policy {
   void apply(const Rule& rule, const int64_t* state, const int64_t* ids, const float* probs, int64_t step,
              int64_t* out);
   int rank_masked(const int64_t* state, const float* probs);  // into ranked_, most confident first
+  // rules.Threshold.positions: the threshold rule's positions at `tau` into take_ (most confident
+  // first), after rank_masked(state, probs) returned n_masked > 0.
+  void threshold_take(const Rule& rule, const int64_t* state, const float* probs, int n_masked, double tau);
   double tau_now(int64_t step, const int64_t* state) const;
   bool has_mask(const int64_t* state) const;
   void check_progress(const int64_t* state, const int64_t* step0) const;  // throws when step0 commits nothing
@@ -85,7 +89,7 @@ class Policy {
   std::vector<int> depths_;
   std::vector<std::vector<int>> children_;
   // scratch (sized once)
-  std::vector<int> ranked_;
+  std::vector<int> ranked_, take_;
   std::vector<int64_t> ids1_, truth_;
   std::vector<float> p1_;
   std::vector<int> kids_;

@@ -33,7 +33,7 @@ def decode_config(**kw) -> DecodeConfig:
                           f"({cfg.threshold}): the dynamic tau falls from --threshold to the floor", OPTIONS["threshold_floor"].flag)
     if cfg.threshold_far is not None and cfg.threshold_far < cfg.threshold:
         raise OptionError("bad_option", "threshold_far", f"far threshold ({cfg.threshold_far}) is below the threshold "
-                          f"({cfg.threshold}): positions past the first uncertain one need at least --threshold",
+                          f"({cfg.threshold}): --threshold-far must be at least --threshold",
                           OPTIONS["threshold_far"].flag)
     if cfg.candidates and not (cfg.strategy == "spd" and cfg.select == "threshold"):
         raise UserError("--candidates prunes the drafts of spd --select threshold only")

@@ -25,9 +25,16 @@ CASES = {
     # chain drafts below the threshold (the default drafts at the threshold itself)
     "spd-chain-threshold-w4-draft-tau": {"strategy": "spd", "base": "threshold", "beam_width": 4, "draft_tau": 0.5},
     "spd-fork-w6": {"strategy": "spd", "tree": "fork", "beam_width": 6},
+    # the far threshold: the rule, and the fork's alt-position and binary's runner-up drafts over it
+    "threshold-far": {"strategy": "threshold", "threshold": 0.8, "threshold_far": 0.999},
+    "spd-fork-threshold-far-w4": {"strategy": "spd", "base": "threshold", "threshold": 0.8, "threshold_far": 0.999,
+                                  "beam_width": 4},
+    "spd-binary-threshold-far-w4": {"strategy": "spd", "tree": "binary", "base": "threshold", "threshold": 0.8,
+                                    "threshold_far": 0.999, "beam_width": 4},
 }
 N_PROMPTS = {"spd-binary-threshold-w4": 1, "spd-wide-select-threshold-w4": 1, "vanilla-steps": 1,
-             "spd-chain-threshold-w4-draft-tau": 1, "spd-fork-w6": 1}
+             "spd-chain-threshold-w4-draft-tau": 1, "spd-fork-w6": 1, "threshold-far": 2,
+             "spd-fork-threshold-far-w4": 2, "spd-binary-threshold-far-w4": 1}
 
 KEYS = ("text", "token_ids", "forwards", "tokens", "accepted_hist", "finished", "beam_width_used",
         "beam_width_requested")

@@ -144,7 +144,7 @@ DLLM_API dllm_error* dllm_runtime_generate(dllm_runtime* rt, const char* prompt,
  *   err = dllm_options_set(o, "beam_width", "8");          NULL, or an option error naming the key
  *   err = dllm_runtime_generate_options(rt, prompt, o, &res);
  * A value is parsed by the option's type (int, float, str, bool: true/false) and checked against
- * its range or choices; "null" unsets a nullable option (steps, draft_tau, max_tokens). An option
+ * its range or choices; "null" unsets a nullable option (steps, draft_tau, threshold_far, max_tokens). An option
  * declared but not implemented yet accepts its default only.
  *   Sampling: temperature (0: greedy, the default), top_k (0: off; at most the artifact's sampling
  *   pool), top_p (1: off), seed (0 .. 2**64-1). The same seed gives the same tokens as Python's
