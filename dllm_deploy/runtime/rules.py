@@ -79,9 +79,8 @@ class Threshold:
         p = probs[ranked]
         if self.far is None:
             return ranked[:max(1, int((p >= t).sum()))]
-        masked = np.flatnonzero(state == mask_id)
-        below = masked[probs[masked] < t]
-        gap = below[0] if below.size else state.shape[0]
+        below = ranked[p < t]
+        gap = below.min() if below.size else state.shape[0]    # the first masked position below tau
         keep = ((ranked < gap) & (p >= t)) | (p >= max(self.far, t))
         return ranked[keep] if keep.any() else ranked[:1]
 
