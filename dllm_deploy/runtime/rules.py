@@ -58,9 +58,10 @@ class Threshold:
 
     ``far`` (None: tau) is the bar for a masked position to the right of the first masked position
     below tau: positions are taken left to right while they clear tau, past that gap only at
-    ``far`` (and the most confident one when none qualifies). A character placed beyond an unresolved one is where a small model's parallel step goes
-    wrong (a variable-length field shifts the rest of the block, docs/distill.md); a near-certain
-    tail (the end-of-text padding) still commits at once."""
+    ``far`` (and the most confident one when none qualifies). A character placed beyond an
+    unresolved one is where a small model's parallel step goes wrong (a variable-length field
+    shifts the rest of the block, docs/distill.md); a near-certain tail (the end-of-text padding)
+    still commits at once."""
     tau: float = 0.9
     schedule: "ThresholdSchedule | None" = None
     far: float | None = None

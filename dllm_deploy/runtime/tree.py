@@ -19,7 +19,7 @@ from functools import lru_cache
 import numpy as np
 
 from ..decode_rules import PRESETS
-from .rules import Threshold, Vanilla, _ranked_masked, commit
+from .rules import Vanilla, _ranked_masked, commit
 
 CHAIN, RUNNER_UP, CONSERVATIVE, ALT_POSITION = 0, 1, 2, 3
 DEFAULT_TREE = "fork"   # the best measured on the tiny model (docs/algorithms.md)
@@ -124,8 +124,7 @@ class Drafter:
         ids1, p1 = top_ids[:, 0], top_probs[:, 0]
         depths = node_depths(spec)
         nodes = np.empty((spec.width, state.shape[0]), dtype=state.dtype)
-        rule = self.rule if tau_now is None else (
-            replace(self.rule, tau=tau_now, schedule=None) if isinstance(self.rule, Threshold) else Threshold(tau_now))
+        rule = self.rule if tau_now is None else replace(self.rule, tau=tau_now, schedule=None)   # lossy: a Threshold
         nodes[0] = rule(state, ids1, p1, step, self.mask_id)
         for i in range(1, spec.width):
             parent = nodes[spec.parents[i]]
