@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Build the C++ runtime (library, dllm-generate, dllm-embed):
 #   cpp/scripts/build.sh           -> build/cpp        (Release)
-#   cpp/scripts/build.sh asan      -> build/cpp-asan   (AddressSanitizer + UBSan, -O1 -g)
+#   cpp/scripts/build.sh asan      -> build/cpp-asan   (AddressSanitizer + UBSan, -Og -g1: about 40 s to
+#                                  build against 106 s at -O1 -g on 2 cores, with line numbers in reports)
 #   cpp/scripts/build.sh KIND TARGET...  only those targets (the sanitizer tests build two)
 # ONNX Runtime comes from $ONNXRUNTIME_ROOT, else get_onnxruntime.sh provides build/onnxruntime;
 # nlohmann-json from $NLOHMANN_JSON_ROOT, else get_nlohmann_json.sh provides build/nlohmann_json.
@@ -15,7 +16,7 @@ targets=()
 for t in "${@:2}"; do targets+=(--target "$t"); done
 case "$kind" in
   release) dir="$repo/build/cpp"; flags=(-DCMAKE_BUILD_TYPE=Release -DDLLM_ASAN=OFF) ;;
-  asan) dir="$repo/build/cpp-asan"; flags=(-DCMAKE_BUILD_TYPE=Debug -DCMAKE_CXX_FLAGS_DEBUG="-O1 -g" -DDLLM_ASAN=ON) ;;
+  asan) dir="$repo/build/cpp-asan"; flags=(-DCMAKE_BUILD_TYPE=Debug -DCMAKE_CXX_FLAGS_DEBUG="-Og -g1" -DDLLM_ASAN=ON) ;;
   *) echo "usage: $0 [release|asan]" >&2; exit 2 ;;
 esac
 

@@ -231,6 +231,9 @@ OrtBackend::OrtBackend(const Manifest& m, int intra_op_threads) : impl_(new Impl
     Ort::SessionOptions so;
     so.SetLogSeverityLevel(3);
     if (intra_op_threads > 0) so.SetIntraOpNumThreads(intra_op_threads);
+    // The loop alternates the two sessions: a pool left spinning after its call takes the cores
+    // the other one needs next (docs/profiles.md, "Threads"). Same setting as the Python backend.
+    so.AddConfigEntry("session.intra_op.allow_spinning", "0");
     so.SetGraphOptimizationLevel(GraphOptimizationLevel::ORT_ENABLE_ALL);
     s.prefill = Ort::Session(s.env, pfile.c_str(), so);
     s.verify = Ort::Session(s.env, vfile.c_str(), so);
