@@ -113,9 +113,15 @@ int Policy::rank_masked(const int64_t* state, const float* probs) {
   return n;
 }
 
-void Policy::threshold_take(const Rule& rule, const int64_t* state, const float* probs, int n_masked, double tau) {
-  const float t = static_cast<float>(tau);
+void Policy::take_positions(const Rule& rule, const int64_t* state, const float* probs, int n_masked, int64_t step,
+                            double tau) {
   take_.clear();
+  if (rule.vanilla) {
+    const int64_t n = std::min<int64_t>(std::max<int64_t>(1, rule.count(L_, step)), n_masked);
+    take_.assign(ranked_.begin(), ranked_.begin() + n);
+    return;
+  }
+  const float t = static_cast<float>(tau);
   if (!rule.far) {
     for (int r = 0; r < n_masked && probs[ranked_[r]] >= t; ++r) take_.push_back(ranked_[r]);
   } else {
@@ -139,12 +145,7 @@ void Policy::apply(const Rule& rule, const int64_t* state, const int64_t* ids, c
   std::copy(state, state + L_, out);
   const int n_masked = rank_masked(state, probs);
   if (n_masked == 0) return;
-  if (rule.vanilla) {
-    const int64_t take = std::min<int64_t>(std::max<int64_t>(1, rule.count(L_, step)), n_masked);
-    for (int64_t r = 0; r < take; ++r) out[ranked_[r]] = ids[ranked_[r]];
-    return;
-  }
-  threshold_take(rule, state, probs, n_masked, rule.tau);
+  take_positions(rule, state, probs, n_masked, step, rule.tau);
   for (int pos : take_) out[pos] = ids[pos];
 }
 
@@ -173,14 +174,11 @@ void Policy::plan(const int64_t* state, const int64_t* top_ids, const float* top
     std::copy(parent, parent + L_, child);
     const int n_masked = rank_masked(parent, p1_.data());
     if (n_masked == 0) continue;
-    take_.clear();
     if (spec_.kinds[i] == kConservative) {
-      take_.push_back(ranked_[0]);
-    } else if (rule_.vanilla) {
-      const int64_t take = std::min<int64_t>(std::max<int64_t>(1, rule_.count(L_, dstep)), n_masked);
-      take_.assign(ranked_.begin(), ranked_.begin() + take);
+      take_.assign(1, ranked_[0]);
     } else {
-      threshold_take(rule_, parent, p1_.data(), n_masked, has_draft_tau_ && cfg_.draft_tau ? *cfg_.draft_tau : rule_.tau);
+      take_positions(rule_, parent, p1_.data(), n_masked, dstep,
+                     has_draft_tau_ && cfg_.draft_tau ? *cfg_.draft_tau : rule_.tau);
     }
     for (int pos : take_) child[pos] = ids1_[pos];
     if (spec_.kinds[i] == kAltPosition && static_cast<int>(take_.size()) < n_masked) {

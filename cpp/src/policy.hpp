@@ -72,9 +72,10 @@ class Policy {
   void apply(const Rule& rule, const int64_t* state, const int64_t* ids, const float* probs, int64_t step,
              int64_t* out);
   int rank_masked(const int64_t* state, const float* probs);  // into ranked_, most confident first
-  // rules.Threshold.positions: the threshold rule's positions at `tau` into take_ (most confident
-  // first), after rank_masked(state, probs) returned n_masked > 0.
-  void threshold_take(const Rule& rule, const int64_t* state, const float* probs, int n_masked, double tau);
+  // rules.Vanilla/Threshold.positions: the positions `rule` commits at `step` (a threshold rule at
+  // `tau`) into take_, most confident first, after rank_masked(state, probs) returned n_masked > 0.
+  void take_positions(const Rule& rule, const int64_t* state, const float* probs, int n_masked, int64_t step,
+                      double tau);
   double tau_now(int64_t step, const int64_t* state) const;
   bool has_mask(const int64_t* state) const;
   void check_progress(const int64_t* state, const int64_t* step0) const;  // throws when step0 commits nothing

@@ -44,9 +44,12 @@ class Vanilla:
         return base + (1 if step < rem else 0)
 
     def __call__(self, state, ids, probs, step, mask_id):
-        ranked = _ranked_masked(state, probs, mask_id)
-        n = max(1, self.count(len(state), step))
-        return commit(state, ids, ranked[:n])
+        return commit(state, ids, self.positions(state, probs, step, mask_id))
+
+    def positions(self, state, probs, step, mask_id, tau: float | None = None) -> np.ndarray:
+        """The masked positions this step commits, most confident first (``tau``: unused, as in
+        ``Threshold.positions``)."""
+        return _ranked_masked(state, probs, mask_id)[:max(1, self.count(len(state), step))]
 
 
 @dataclass(frozen=True)

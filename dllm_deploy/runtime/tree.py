@@ -19,7 +19,7 @@ from functools import lru_cache
 import numpy as np
 
 from ..decode_rules import PRESETS
-from .rules import Vanilla, _ranked_masked, commit
+from .rules import _ranked_masked, commit
 
 CHAIN, RUNNER_UP, CONSERVATIVE, ALT_POSITION = 0, 1, 2, 3
 DEFAULT_TREE = "fork"   # the best measured on the tiny model (docs/algorithms.md)
@@ -108,8 +108,6 @@ class Drafter:
             return parent.copy(), ranked
         if kind == CONSERVATIVE:
             take = ranked[:1]
-        elif isinstance(self.rule, Vanilla):
-            take = ranked[:max(1, self.rule.count(len(parent), step))]
         else:
             take = self.rule.positions(parent, probs, step, m, tau=self.draft_tau)
         if kind == ALT_POSITION and take.size < ranked.size:
