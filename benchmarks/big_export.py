@@ -95,6 +95,7 @@ import numpy as np, onnxruntime as ort, torch
 from dllm_deploy.models.loading import load_model
 from dllm_deploy.export.graphs import PrefillGraph
 from dllm_deploy.artifact import read_manifest
+from dllm_deploy.models.sampling import default_pool
 model_dir, art = sys.argv[1], sys.argv[2]
 m = read_manifest(art, verify=False)
 module, cfg = load_model(model_dir, attention="eager")
@@ -104,13 +105,14 @@ ids = torch.randint(0, cfg.vocab_size - 2, (1, T), generator=g)
 pos = torch.arange(T)[None]
 mask = torch.tril(torch.ones(T, T, dtype=torch.bool))[None, None]
 past = [torch.zeros(1, cfg.num_kv_heads, 0, cfg.head_dim) for _ in range(2 * cfg.num_layers)]
+greedy = [torch.zeros(1, T), torch.zeros(1), torch.zeros(1, dtype=torch.int64), torch.ones(1)]   # sample_u .. top_p
 with torch.no_grad():
-    ref = PrefillGraph(module, 2)(ids, pos, mask, *past)[0][0].float().numpy()
+    ref = PrefillGraph(module, 2, default_pool(cfg.vocab_size))(ids, pos, mask, *past, *greedy)[0][0].float().numpy()
 del module
 so = ort.SessionOptions(); so.log_severity_level = 3
 sess = ort.InferenceSession(f"{art}/{m['precisions']['fp32']['prefill']}", so, providers=["CPUExecutionProvider"])
 feeds = {"input_ids": ids.numpy(), "position_ids": pos.numpy(), "attention_mask": mask.numpy()}
-feeds.update({n: x.numpy() for n, x in zip(m["graphs"]["prefill"]["inputs"][3:], past)})
+feeds.update({n: x.numpy() for n, x in zip(m["graphs"]["prefill"]["inputs"][3:], past + greedy)})
 got = sess.run(["logits"], feeds)[0][0]
 keep = np.isfinite(got)     # the excluded ids (mask token) are -inf in the graph only
 diff = float(np.abs(got[keep] - ref[keep]).max())

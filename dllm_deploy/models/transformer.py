@@ -40,10 +40,31 @@ def rope_tables(position_ids: torch.Tensor, head_dim: int, theta: float) -> tupl
     return emb.cos(), emb.sin()
 
 
-def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, half: int | None = None) -> torch.Tensor:
+    """``half``: D/2 when known (the exported graph then slices at a constant instead of reading
+    x's shape)."""
+    half = x.shape[-1] // 2 if half is None else half
     rot = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
     return x * cos.to(x.dtype) + rot * sin.to(x.dtype)
+
+
+class _Reshape(torch.autograd.Function):
+    """``x.reshape(shape)``, where 0 keeps the input's dim there (ONNX Reshape's rule). Traced into
+    one Reshape with a constant shape: ``x.view(b, t, ...)`` would trace into a Shape / Gather /
+    Unsqueeze / Concat chain per call, and on a small model those nodes cost as much as the
+    matrix products (docs/export.md, "Graph size")."""
+
+    @staticmethod
+    def forward(ctx, x, shape):
+        return x.reshape([x.shape[i] if s == 0 else s for i, s in enumerate(shape)])
+
+    @staticmethod
+    def symbolic(g, x, shape):
+        return g.op("Reshape", x, g.op("Constant", value_t=torch.tensor(shape, dtype=torch.int64)))
+
+
+def reshape(x: torch.Tensor, *shape: int) -> torch.Tensor:
+    return _Reshape.apply(x, list(shape))
 
 
 class Attention(nn.Module):
@@ -64,7 +85,9 @@ class Attention(nn.Module):
             self.q_norm = self.k_norm = None
 
     def forward(self, x, cos, sin, mask, past_k, past_v):
-        b, t, _ = x.shape
+        if self.impl == "eager":
+            return self._graph(x, cos, sin, mask, past_k, past_v)
+        b, t, _ = x.shape                                                   # training / torch runtime
         q = self.q_proj(x).view(b, t, self.h, self.d).transpose(1, 2)      # (B,H,T,D)
         k = self.k_proj(x).view(b, t, self.hkv, self.d).transpose(1, 2)    # (B,Hkv,T,D)
         v = self.v_proj(x).view(b, t, self.hkv, self.d).transpose(1, 2)    # (B,Hkv,T,D)
@@ -73,19 +96,41 @@ class Attention(nn.Module):
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         k = torch.cat([past_k, k], dim=2)                                   # (B,Hkv,S,D)
         v = torch.cat([past_v, v], dim=2)                                   # (B,Hkv,S,D)
-        if self.impl == "sdpa":                                              # training / torch runtime
-            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
-            out = out.transpose(1, 2).reshape(b, t, self.h * self.d)
-            return self.o_proj(out), k, v
-        rep = self.h // self.hkv                                              # "eager": plain ops for export
-        kk = k[:, :, None].expand(b, self.hkv, rep, k.shape[2], self.d).reshape(b, self.h, k.shape[2], self.d)
-        vv = v[:, :, None].expand(b, self.hkv, rep, v.shape[2], self.d).reshape(b, self.h, v.shape[2], self.d)
-        scores = torch.matmul(q, kk.transpose(-1, -2)) * (self.d ** -0.5)  # (B,H,T,S)
-        scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min)
-        probs = torch.softmax(scores, dim=-1)
-        out = torch.matmul(probs, vv)                                        # (B,H,T,D)
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
         out = out.transpose(1, 2).reshape(b, t, self.h * self.d)
         return self.o_proj(out), k, v
+
+    def _projection(self):
+        """One (weight, bias) for q, k and v, with the attention scale 1/sqrt(D) folded into q's
+        rows unless q is normalized first. Built from the parameters alone, so the exporter's
+        constant folding stores it as one initializer."""
+        s = 1.0 if self.q_norm is not None else self.d ** -0.5
+        ws = [self.q_proj.weight * s, self.k_proj.weight, self.v_proj.weight]
+        bs = [self.q_proj.bias, self.k_proj.bias, self.v_proj.bias]
+        return torch.cat(ws), None if bs[0] is None else torch.cat([bs[0] * s, bs[1], bs[2]])
+
+    def _graph(self, x, cos, sin, mask, past_k, past_v):
+        """The ONNX graph's attention: the same function as the sdpa path in plain operators.
+        x (B,T,C); cos, sin (B,T,1,1,D); mask (B,1,R*T,S) bool, the (B,1,T,S) mask repeated R =
+        H/Hkv times. The R query heads that share a key / value head are stacked along the tokens
+        (B,Hkv,R*T,D), so K and V are never repeated per query head, and every reshape keeps B and T
+        without reading them (``reshape``)."""
+        h, hkv, d = self.h, self.hkv, self.d
+        rep = h // hkv
+        w, bias = self._projection()
+        q, k, v = F.linear(x, w, bias).split([h * d, hkv * d, hkv * d], dim=-1)
+        q, k = reshape(q, 0, -1, hkv, rep, d), reshape(k, 0, -1, hkv, 1, d)
+        if self.q_norm is not None:
+            q, k = self.q_norm(q) * (d ** -0.5), self.k_norm(k)
+        q, k = apply_rope(q, cos, sin, d // 2), apply_rope(k, cos, sin, d // 2)
+        q = reshape(q.permute(0, 2, 3, 1, 4), 0, 0, -1, d)                  # (B,Hkv,R*T,D)
+        k = torch.cat([past_k, reshape(k, 0, -1, hkv, d).transpose(1, 2)], dim=2)   # (B,Hkv,S,D)
+        v = torch.cat([past_v, reshape(v, 0, -1, hkv, d).transpose(1, 2)], dim=2)
+        scores = torch.matmul(q, k.transpose(-1, -2))                        # (B,Hkv,R*T,S)
+        scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min)
+        out = torch.matmul(torch.softmax(scores, dim=-1), v)                 # (B,Hkv,R*T,D)
+        out = reshape(out, 0, 0, rep, -1, d).permute(0, 3, 1, 2, 4)          # (B,T,Hkv,R,D)
+        return self.o_proj(reshape(out, 0, -1, h * d)), k, v
 
 
 class MLP(nn.Module):
@@ -94,8 +139,14 @@ class MLP(nn.Module):
         self.gate_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
         self.up_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
         self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
+        self.width = cfg.intermediate_size
+
+    fused = False   # gate and up in one product (the exported graph's form); set by DLLM.set_attention
 
     def forward(self, x):
+        if self.fused:
+            gate, up = F.linear(x, torch.cat([self.gate_proj.weight, self.up_proj.weight])).split([self.width] * 2, -1)
+            return self.down_proj(F.silu(gate) * up)
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
 
 
@@ -140,10 +191,13 @@ class DLLM(nn.Module):
             self.lm_head.weight = self.model.embed_tokens.weight
 
     def set_attention(self, impl: str) -> "DLLM":
-        """"sdpa" (fused kernel, for torch runs) or "eager" (plain matmul/softmax, for ONNX export)."""
+        """"sdpa" (fused kernel, for torch runs) or "eager", the exported graph's form: plain
+        matmul / softmax, q/k/v and gate/up each in one product, constant reshapes and no K/V
+        repeated per query head (Attention._graph). Both compute the same function."""
         assert impl in ("sdpa", "eager"), impl
         for layer in self.model.layers:
             layer.self_attn.impl = impl
+            layer.mlp.fused = impl == "eager"
         return self
 
     def empty_past(self, batch: int, device=None, dtype=torch.float32):
@@ -157,6 +211,10 @@ class DLLM(nn.Module):
             past = self.empty_past(input_ids.shape[0], input_ids.device, self.lm_head.weight.dtype)
         x = self.model.embed_tokens(input_ids)                               # (B,T,C)
         cos, sin = rope_tables(position_ids, c.head_dim, c.rope_theta)       # (B,1,T,D)
+        if self.model.layers[0].self_attn.impl == "eager":                   # Attention._graph's layouts
+            cos, sin = cos.transpose(1, 2)[:, :, None], sin.transpose(1, 2)[:, :, None]     # (B,T,1,1,D)
+            rep = c.num_heads // c.num_kv_heads
+            attention_mask = attention_mask.repeat(1, 1, rep, 1) if rep > 1 else attention_mask   # (B,1,R*T,S)
         present = []
         for layer, (pk, pv) in zip(self.model.layers, past):
             x, k, v = layer(x, cos, sin, attention_mask, pk, pv)

@@ -129,12 +129,27 @@ def test_export_refuses_existing_folder_and_leaves_nothing_on_failure(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["taken"]
 
 
+def _assert_lean_graph(path, cfg):
+    """The exported form (models/transformer.py, Attention._graph): every Reshape has a constant
+    shape (no Shape / Gather / Concat chain per call), no layer expands K or V per query head (the
+    mask is repeated once per call),
+    and each layer has four weight products (q/k/v, o, gate/up, down) besides the LM head."""
+    import onnx
+    g = onnx.load(str(path), load_external_data=False).graph
+    consts = {t.name for t in g.initializer} | {o for n in g.node if n.op_type == "Constant" for o in n.output}
+    assert [n.input[1] in consts for n in g.node if n.op_type == "Reshape"] == \
+        [True] * sum(n.op_type == "Reshape" for n in g.node)
+    assert not [n.name for n in g.node if n.op_type in ("Expand", "Tile") and "/layers." in n.name]
+    assert sum(n.op_type == "MatMul" and n.input[1] in consts for n in g.node) == 4 * cfg["num_layers"] + 1
+
+
 def test_export_of_each_layout_passes_parity(layout_checkpoint, tmp_path):
     from dllm_deploy.export.exporter import export
     layout, folder = layout_checkpoint
     rep = export(folder, tmp_path / f"{layout}-art", max_beam_width=2, log=lambda m: None)
     d = rep["parity"]["fp32"]["max_abs_diff"]
     assert d["prefill_logits"] <= 1e-4 and d["prefill_kv"] <= 1e-4 and d["verify_probs"] <= 1e-4
+    _assert_lean_graph(tmp_path / f"{layout}-art" / "verify.onnx", read_manifest(tmp_path / f"{layout}-art")["model"])
     if layout != "block_causal":
         # the bidirectional canvas (prefix | block | suffix) through the exported graphs, each cache mode
         from dllm_deploy import Runtime

@@ -18,8 +18,9 @@ def test_int4_variant_is_matmulnbits_with_recorded_options(tiny_artifact):
                                          "op_types": ["MatMul"]}
     g = onnx.load(str(folder / "int4/verify.onnx"), load_external_data=False).graph
     ops = [n.op_type for n in g.node]
-    # 7 projections per layer + the LM head, none left as an fp32 MatMul on a constant weight
-    assert ops.count("MatMulNBits") == 7 * m["model"]["num_layers"] + 1
+    # 4 products per layer (q/k/v fused, o, gate/up fused, down) + the LM head, none left as an
+    # fp32 MatMul on a constant weight
+    assert ops.count("MatMulNBits") == 4 * m["model"]["num_layers"] + 1
     consts = {t.name for t in g.initializer}
     assert not [n for n in g.node if n.op_type == "MatMul" and n.input[1] in consts]
     par = report["parity"]["int4"]

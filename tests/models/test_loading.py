@@ -26,6 +26,31 @@ def test_each_layout_loads_and_runs(layout_checkpoint):
     assert torch.isfinite(logits).all()
 
 
+def test_graph_form_computes_the_sdpa_function(layout_checkpoint):
+    """set_attention("eager") (the exported form: fused projections, grouped queries, constant
+    reshapes) gives the sdpa path's logits and KV, with a cache and keys hidden by the mask."""
+    _, folder = layout_checkpoint
+    model, cfg = load_model(folder)
+    g = np.random.default_rng(0)
+    p, t = 6, 5
+    ids = g.integers(0, cfg.vocab_size - 2, (2, p + t))
+    pos = np.tile(np.arange(p + t), (2, 1))
+    mask = np.ones((2, 1, p + t, p + t), bool)
+    mask[1, :, :, :2] = False                      # row 1: two left pads nobody attends
+    mask[1, :, :2, :2] = np.eye(2, dtype=bool)     # (the pads attend themselves)
+    out = {}
+    for impl in ("sdpa", "eager"):
+        model.set_attention(impl)
+        _, past = _forward(model, ids[:, :p], pos[:, :p], mask[:, :, :p, :p])
+        out[impl] = _forward(model, ids[:, p:], pos[:, p:], mask[:, :, p:], past)
+    model.set_attention("sdpa")
+    (a, pa), (b, pb) = out["sdpa"], out["eager"]
+    assert torch.allclose(a, b, atol=1e-5, rtol=1e-5)
+    for (ka, va), (kb, vb) in zip(pa, pb):
+        assert ka.shape == kb.shape == (2, cfg.num_kv_heads, p + t, cfg.head_dim)
+        assert torch.allclose(ka, kb, atol=1e-5) and torch.allclose(va, vb, atol=1e-5)
+
+
 def test_layout_specifics():
     llada = DLLMConfig.from_hf(LAYOUT_CONFIGS["llada"])
     dream = DLLMConfig.from_hf(LAYOUT_CONFIGS["dream"])
