@@ -31,6 +31,7 @@ from .transformer import DLLM
 BLOCK = 32
 MIX = {"upper": 1.0, "reverse": 1.5, "kv": 1.5, "csv": 1.0, "count": 1.5, "letter": 0.7, "text": 0.8}
 MAX_ANSWER = 0  # curriculum: only answers of at most this many bytes (0: all)
+DIST = "core"   # the task families' distribution (evals/tasks.py): core, or train (half broad inputs)
 COPIES = 1  # independent noisy copies of the answer per row
 AR_MIN_STEPS = 100  # --ar-until-loss looks at the warm-up's loss average only after this many steps
 SUFFIX_SHARE = 0.5  # share of blocks noised by suffix masking (the rest: each token masked w.p. t ~ U(0,1))
@@ -67,7 +68,7 @@ def sample_example(rng: random.Random, held_out: set[str]) -> tasks.Example:
     fams = list(MIX)
     while True:
         fam = rng.choices(fams, weights=[MIX[f] for f in fams])[0]
-        ex = tasks.gen_text(rng, "train") if fam == "text" else tasks.GENERATORS[fam](rng)
+        ex = tasks.gen_text(rng, "train") if fam == "text" else tasks.GENERATORS[fam](rng, DIST)
         if ex.prompt not in held_out and (not MAX_ANSWER or len(ex.answer) <= MAX_ANSWER):
             return ex
 
@@ -194,7 +195,7 @@ def save(model: DLLM, out: Path, meta: dict) -> None:
 
 
 def main(argv=None) -> None:
-    global SUFFIX_SHARE, COPIES, MAX_ANSWER
+    global SUFFIX_SHARE, COPIES, MAX_ANSWER, DIST
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", type=Path, required=True, help="folder for config.json + model.safetensors")
     ap.add_argument("--steps", type=int, default=3600)
@@ -229,8 +230,11 @@ def main(argv=None) -> None:
     ap.add_argument("--max-answer", type=int, default=0, help="curriculum: only answers of at most this many bytes")
     ap.add_argument("--time-limit", type=float, default=0,
                     help="save and stop once this many seconds have passed (0: no limit); training.json records it")
+    ap.add_argument("--dist", choices=("core", "train"), default="core",
+                    help="task inputs: core (the 149-word vocabulary the bundled model learned) or train "
+                         "(half core, half broad: random words, any sentence length; never the generalization split's)")
     args = ap.parse_args(argv)
-    SUFFIX_SHARE, COPIES, MAX_ANSWER = args.suffix_share, args.copies, args.max_answer
+    SUFFIX_SHARE, COPIES, MAX_ANSWER, DIST = args.suffix_share, args.copies, args.max_answer, args.dist
     for item in filter(None, args.mix.split(",")):
         fam, _, w = item.partition("=")
         if fam not in MIX:
@@ -316,7 +320,7 @@ def main(argv=None) -> None:
             save(model, args.out, {"init_from": str(args.init_from) if args.init_from else None, "seed": args.seed, "steps": step, "target_steps": args.steps, "batch": args.batch,
                                    "lr": args.lr, "params": n_params, "elapsed_s": round(time.time() - t0, 1),
                                    "mix": MIX, "pool": args.pool, "warmup": args.warmup, "threads": args.threads, "device": args.device, "torch": torch.__version__,
-                                   "suffix_share": SUFFIX_SHARE, "copies": COPIES, "max_answer": MAX_ANSWER, "ar_steps": args.ar_steps,
+                                   "suffix_share": SUFFIX_SHARE, "copies": COPIES, "max_answer": MAX_ANSWER, "dist": DIST, "ar_steps": args.ar_steps,
                                    "ar_until_loss": args.ar_until_loss, "ar_margin": args.ar_margin, "ar_steps_used": min(ar_end, step), "stop_after": args.stop_after,
                                    "stopped_by_time_limit": timed_out, "previous_phase": previous})
         if step == args.stop_after or timed_out:

@@ -84,3 +84,19 @@ def test_warmup_ends_once_its_loss_average_is_low(tmp_path):
     log = [json.loads(x) for x in (out / "train_log.jsonl").read_text().splitlines()]
     assert {r["objective"] for r in log} == {"ar"}       # a bound never reached: the whole cap
     assert json.loads((out / "training.json").read_text())["ar_steps_used"] == n
+
+
+def test_dist_train_draws_broad_inputs_but_never_the_generalization_split(monkeypatch):
+    """--dist train: about half the inputs are broad (words outside the 149-word list), and no
+    drawn word is one the generalization split holds out; --dist core stays in the list."""
+    words = {}
+    for dist in ("core", "train"):
+        monkeypatch.setattr(train, "DIST", dist)
+        monkeypatch.setattr(train, "MIX", {"upper": 1.0})
+        rng = random.Random(0)
+        words[dist] = [w for _ in range(200)
+                       for w in train.sample_example(rng, set()).prompt[len("upper: "):].split()]
+    assert set(words["core"]) <= set(tasks.WORDS)
+    broad = [w for w in words["train"] if w not in tasks.WORDS]
+    assert len(broad) > 0.2 * len(words["train"])
+    assert not [w for w in words["train"] if tasks.held_out(w)]
