@@ -8,5 +8,5 @@ OUT=$2
 REPEATS=${3:-3}
 CLI=${CLI:-.venv/bin/dllm-deploy}
 $CLI bench --artifact "$ART" --backends torch:vanilla,ort --strategies vanilla,threshold,spd \
-  --thresholds 0.9,0.98,0.99 --threshold-floors 0.8 --threshold-fars 0.999 --beam-widths 4 --n 20 --repeats "$REPEATS" --gen-length 128 \
+  --thresholds 0.9,0.98,0.99 --threshold-floors 0.8 --threshold-fars 0.999 --threshold-leads 0.7 --beam-widths 4 --n 20 --repeats "$REPEATS" --gen-length 128 \
   --json "$OUT" --tune --tune-out "${OUT%.json}-tuned-profile.yaml"

@@ -144,6 +144,7 @@ class Config:
     threshold: float = 0.9
     threshold_floor: float | None = None   # threshold rule: dynamic tau down to this floor
     threshold_far: float | None = None     # threshold rule: tau past the first masked position below tau
+    threshold_lead: float | None = None    # threshold rule: tau of the leftmost masked position
     select: str = "lossless"
     base: str = "vanilla"
     cache: str = "auto"           # vanilla baseline: none (LLaDA recomputes everything)
@@ -162,6 +163,7 @@ class Config:
         elif self.strategy == "threshold":
             extra = f" tau{self.threshold}" + (f">{self.threshold_floor}" if self.threshold_floor else "")
             extra += f" far{self.threshold_far}" if self.threshold_far else ""
+            extra += f" lead{self.threshold_lead}" if self.threshold_lead is not None else ""
         else:
             extra = " no-cache" if self.cache == "none" else ""
         if self.temperature > 0:
@@ -180,6 +182,8 @@ class Config:
             kw["threshold_floor"] = self.threshold_floor
         if self.threshold_far:
             kw["threshold_far"] = self.threshold_far
+        if self.threshold_lead is not None:
+            kw["threshold_lead"] = self.threshold_lead
         if self.strategy == "spd":
             kw.update(beam_width=self.beam_width, select=self.select, base=self.base, tree=self.tree)
         if self.temperature > 0:
@@ -195,11 +199,13 @@ def split_backend(item: str) -> tuple[str, list[str] | None]:
 
 
 def configurations(backends, strategies, beam_widths, thresholds, tree: str = DEFAULT_TREE, seeds=(),
-                   threshold_floors=(), threshold_fars=()) -> list[Config]:
+                   threshold_floors=(), threshold_fars=(), threshold_leads=()) -> list[Config]:
     """Every greedy configuration, then (``seeds``) each cached one again sampling with each seed.
     ``threshold_floors``: the threshold rule again with a dynamic tau from each threshold down to
     each floor below it; ``threshold_fars``: again with each far threshold at or above it (the
-    positions past the first uncertain one need that confidence). A backend written ``NAME:S1+S2`` runs only strategies S1, S2."""
+    positions past the first uncertain one need that confidence); ``threshold_leads``: again with
+    each lead threshold below it (the leftmost masked position's bar), with each far threshold at or
+    above it, or alone where there is none. A backend written ``NAME:S1+S2`` runs only strategies S1, S2."""
     out = []
     for item in backends:
         be, only = split_backend(item)
@@ -214,6 +220,9 @@ def configurations(backends, strategies, beam_widths, thresholds, tree: str = DE
                         for f in threshold_floors if f < t]
                 out += [Config(be, "threshold", threshold=t, threshold_far=f) for t in thresholds
                         for f in threshold_fars if f >= t]
+                out += [Config(be, "threshold", threshold=t, threshold_far=f, threshold_lead=lead) for t in thresholds
+                        for f in ([x for x in threshold_fars if x >= t] or [None])
+                        for lead in threshold_leads if lead < t]
             elif s == "spd":
                 for w in beam_widths:
                     if w < 1:
@@ -308,6 +317,7 @@ def run_bench(artifact: str, backends=("torch", "ort"), strategies=("vanilla", "
               beam_widths=(1, 2, 4, 8), thresholds=(0.9,), families=None, n: int = 5, repeats: int = 3,
               gen_length: int = 256, tree: str = DEFAULT_TREE, batch_size: int = 1, cost_repeats: int = 5,
               memory: bool = False, device: str = "cpu", progress=None, seeds=(), threshold_floors=(), threshold_fars=(),
+              threshold_leads=(),
               quality_budget: float = 0.01) -> dict:
     from .evals import tasks
     from .evals.harness import run_eval
@@ -321,7 +331,8 @@ def run_bench(artifact: str, backends=("torch", "ort"), strategies=("vanilla", "
         raise UserError(f"unknown task family {unknown[0]!r} (expected some of {', '.join(tasks.FAMILIES)})")
     from .profiles import get_profile
     prof, reasons, _ = get_profile("auto")
-    configs = configurations(backends, strategies, beam_widths, thresholds, tree, seeds, threshold_floors, threshold_fars)
+    configs = configurations(backends, strategies, beam_widths, thresholds, tree, seeds, threshold_floors, threshold_fars,
+                             threshold_leads)
     backends = list(dict.fromkeys(split_backend(b)[0] for b in backends))
     ort_rt = Runtime.load(artifact=artifact)
     runtimes = {}

@@ -176,14 +176,16 @@ def cmd_bench(a) -> int:
     seeds = _csv(a.seeds, int) if a.seeds else []
     floors = _csv(a.threshold_floors, float) if a.threshold_floors else []
     fars = _csv(a.threshold_fars, float) if a.threshold_fars else []
+    leads = _csv(a.threshold_leads, float) if a.threshold_leads else []
     if not 0 <= a.quality_budget < 1:
         raise UserError("--quality-budget is an accuracy difference in [0, 1) (0.01: one point)")
-    total = len(configurations(backends, strategies, widths, taus, a.tree, seeds, floors, fars)) * a.repeats + len(backends)
+    total = len(configurations(backends, strategies, widths, taus, a.tree, seeds, floors, fars, leads)) * a.repeats + len(backends)
     bar = _progress(total, "bench", sys.stderr.isatty() and not a.quiet)
     res = run_bench(a.artifact, backends, strategies, widths, taus, families, n=a.n, repeats=a.repeats,
                     gen_length=a.gen_length, tree=a.tree, batch_size=a.batch_size, memory=a.memory,
                     cost_repeats=3 if a.quick else 5, device=a.device, progress=bar, seeds=seeds,
-                    threshold_floors=floors, threshold_fars=fars, quality_budget=a.quality_budget)
+                    threshold_floors=floors, threshold_fars=fars,
+                    threshold_leads=leads, quality_budget=a.quality_budget)
     if a.tune:
         from .profiles import get_profile
         from .bench import split_backend
@@ -553,6 +555,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="also the threshold rule with a dynamic tau from each threshold down to each of these floors, e.g. 0.7")
     b.add_argument("--threshold-fars", default=None,
                    help="also the threshold rule with each of these far thresholds (at or above the threshold), e.g. 0.9999")
+    b.add_argument("--threshold-leads", default=None,
+                   help="also the threshold rule with each of these lead thresholds (below the threshold; with each "
+                        "far threshold if any), e.g. 0.7")
     b.add_argument("--tasks", default=None, help="comma-separated families (default: all six)")
     b.add_argument("--n", type=int, default=5, help="prompts per family")
     b.add_argument("--repeats", type=int, default=3, help="interleaved repeats (medians reported)")

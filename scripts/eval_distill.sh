@@ -3,7 +3,8 @@
 # (core: in distribution; general: held-out words and lengths), 50 prompts per family, ONNX Runtime.
 # Usage: scripts/eval_distill.sh ARTIFACT OUT_DIR [N_PER_FAMILY] [RUNS]
 #   RUNS: all (default: the lossless SPD rows too, on the core split), rules (none: lossless SPD is
-#   token-identical to its base rule, so those rows add TPF only) or far (the far-threshold rows only)
+#   token-identical to its base rule, so those rows add TPF only), far (the far-threshold rows only)
+#   or lead (the lead-threshold rows with the far threshold, core split only)
 # e.g. dllm-deploy export --model tiny --out build/art && scripts/eval_distill.sh build/art benchmarks/eval-distill/distilled
 set -euo pipefail
 ART=$1
@@ -18,6 +19,12 @@ run() {
   echo "== $split $name" >&2
   $CLI eval --artifact "$ART" --split "$split" --n "$N" --tasks $FAMS --json "$@" > "$OUT/$split/$name.json"
 }
+if [ "$RUNS" = lead ]; then
+  for TAU in 0.9 0.95 0.98 0.99; do
+    run core threshold_${TAU}_far_0.999_lead_0.7 --strategy threshold --threshold "$TAU" --threshold-far 0.999 --threshold-lead 0.7
+  done
+  exit 0
+fi
 for SPLIT in core general; do
   for TAU in 0.9 0.95 0.97 0.98; do
     run $SPLIT threshold_${TAU}_far_0.999 --strategy threshold --threshold "$TAU" --threshold-far 0.999

@@ -86,6 +86,10 @@ def test_configurations_per_backend_strategies_and_dynamic_tau():
     fars = bench.configurations(["ort"], ["threshold"], [4], [0.9, 0.999], threshold_fars=[0.99])
     assert [c.label for c in fars] == ["ort:threshold tau0.9", "ort:threshold tau0.999", "ort:threshold tau0.9 far0.99"]
     assert fars[-1].decode_kwargs(64)["threshold_far"] == 0.99 and "threshold_far" not in fars[0].decode_kwargs(64)
+    leads = bench.configurations(["ort"], ["threshold"], [4], [0.9, 0.999], threshold_fars=[0.99], threshold_leads=[0.7, 0.95])
+    assert [c.label for c in leads[3:]] == ["ort:threshold tau0.9 far0.99 lead0.7", "ort:threshold tau0.999 lead0.7",
+                                           "ort:threshold tau0.999 lead0.95"]
+    assert leads[3].decode_kwargs(64)["threshold_lead"] == 0.7 and "threshold_lead" not in leads[2].decode_kwargs(64)
 
 
 def test_tune_and_equal_quality_rules():

@@ -127,6 +127,12 @@ std::vector<RowResult> Engine::generate(const std::vector<std::string>& prompts,
                   "least --threshold", *cfg_in.threshold_far, cfg_in.threshold);
     option_error(DLLM_ERROR_BAD_OPTION, "threshold_far", msg);
   }
+  if (cfg_in.threshold_lead && *cfg_in.threshold_lead > cfg_in.threshold) {
+    char msg[200];
+    std::snprintf(msg, sizeof msg, "lead threshold (%g) is above the threshold (%g): --threshold-lead may only lower "
+                  "the leftmost masked position's bar", *cfg_in.threshold_lead, cfg_in.threshold);
+    option_error(DLLM_ERROR_BAD_OPTION, "threshold_lead", msg);
+  }
   const ModelConfig& mc = manifest_.model;
   std::string lowered;
   DecodeOptions cfg = cfg_in;

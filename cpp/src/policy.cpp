@@ -69,6 +69,7 @@ Policy::Policy(const DecodeOptions& cfg, int64_t mask_id) : cfg_(cfg), mask_(mas
     rule_.vanilla = false;
     rule_.tau = cfg.threshold;
     rule_.far = cfg.threshold_far;
+    rule_.lead = cfg.threshold_lead;
   }
   lossy_ = spd && cfg.select == "threshold";
   has_draft_tau_ = spd;
@@ -122,19 +123,28 @@ void Policy::take_positions(const Rule& rule, const int64_t* state, const float*
     return;
   }
   const float t = static_cast<float>(tau);
+  int lead_pos = -1;  // the leftmost masked position, whose bar is min(lead, tau) (rules.Threshold.lead)
+  float lead_bar = t;
+  if (rule.lead) {
+    for (int pos = 0; pos < L_ && lead_pos < 0; ++pos)
+      if (state[pos] == mask_) lead_pos = pos;
+    lead_bar = static_cast<float>(std::min(*rule.lead, tau));
+  }
+  auto bar = [&](int pos) { return pos == lead_pos ? lead_bar : t; };
   if (!rule.far) {
-    for (int r = 0; r < n_masked && probs[ranked_[r]] >= t; ++r) take_.push_back(ranked_[r]);
+    for (int r = 0; r < n_masked; ++r)
+      if (probs[ranked_[r]] >= bar(ranked_[r])) take_.push_back(ranked_[r]);
   } else {
-    int gap = L_;  // the first masked position below tau
+    int gap = L_;  // the first masked position below its bar
     for (int pos = 0; pos < L_; ++pos)
-      if (state[pos] == mask_ && probs[pos] < t) {
+      if (state[pos] == mask_ && probs[pos] < bar(pos)) {
         gap = pos;
         break;
       }
     const float f = static_cast<float>(std::max(*rule.far, tau));
     for (int r = 0; r < n_masked; ++r) {
       const int pos = ranked_[r];
-      if ((pos < gap && probs[pos] >= t) || probs[pos] >= f) take_.push_back(pos);
+      if ((pos < gap && probs[pos] >= bar(pos)) || probs[pos] >= f) take_.push_back(pos);
     }
   }
   if (take_.empty()) take_.push_back(ranked_[0]);
@@ -161,6 +171,7 @@ void Policy::plan(const int64_t* state, const int64_t* top_ids, const float* top
     now.vanilla = false;
     now.tau = tau_now(step, state);
     now.far = rule_.far;
+    now.lead = rule_.lead;
     apply(now, state, ids1_.data(), p1_.data(), step, nodes);
   } else {
     apply(rule_, state, ids1_.data(), p1_.data(), step, nodes);

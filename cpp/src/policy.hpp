@@ -50,7 +50,8 @@ struct Rule {
   int tokens_per_step = 1;
   int steps = 0;       // per block; 0 = None (tokens_per_step every step)
   double tau = 0.9;
-  std::optional<double> far;  // rules.Threshold.far
+  std::optional<double> far;   // rules.Threshold.far
+  std::optional<double> lead;  // rules.Threshold.lead
   int64_t count(int64_t block_len, int64_t step) const;
 };
 

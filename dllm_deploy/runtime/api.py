@@ -35,6 +35,10 @@ def decode_config(**kw) -> DecodeConfig:
         raise OptionError("bad_option", "threshold_far", f"far threshold ({cfg.threshold_far}) is below the threshold "
                           f"({cfg.threshold}): --threshold-far must be at least --threshold",
                           OPTIONS["threshold_far"].flag)
+    if cfg.threshold_lead is not None and cfg.threshold_lead > cfg.threshold:
+        raise OptionError("bad_option", "threshold_lead", f"lead threshold ({cfg.threshold_lead}) is above the threshold "
+                          f"({cfg.threshold}): --threshold-lead may only lower the leftmost masked position's bar",
+                          OPTIONS["threshold_lead"].flag)
     if cfg.candidates and not (cfg.strategy == "spd" and cfg.select == "threshold"):
         raise UserError("--candidates prunes the drafts of spd --select threshold only")
     return cfg

@@ -28,6 +28,7 @@ class DecodeConfig:
     threshold: float = 0.9            # threshold rule tau (and the spd threshold base)
     threshold_floor: float | None = None  # threshold rule: dynamic tau's floor (None: fixed tau)
     threshold_far: float | None = None    # threshold rule: tau past the first masked position below tau (None: tau)
+    threshold_lead: float | None = None   # threshold rule: tau of the leftmost masked position (None: tau)
     beam_width: int = 4               # spd: W drafted block states verified per forward
     tree: str = DEFAULT_TREE          # spd: tree preset (chain | binary | wide | fork)
     select: str = "lossless"          # spd: lossless | threshold (lossy, dynamic tau)
@@ -58,7 +59,7 @@ class Policy:
             steps = None if cfg.steps is None else max(1, cfg.steps // blocks)
             self.rule = Vanilla(cfg.tokens_per_step, steps)
         else:
-            self.rule = Threshold(cfg.threshold, dynamic_schedule(cfg), cfg.threshold_far)
+            self.rule = Threshold(cfg.threshold, dynamic_schedule(cfg), cfg.threshold_far, cfg.threshold_lead)
         self.lossy = cfg.strategy == "spd" and cfg.select == "threshold"
         width = cfg.beam_width if cfg.strategy == "spd" else 1
         self.spec: TreeSpec = make_tree(cfg.tree if cfg.strategy == "spd" else "chain", width)

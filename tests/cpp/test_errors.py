@@ -78,6 +78,8 @@ CASES = {
     "threshold out of range": ("good", ["--threshold", "1.5"], "threshold must be in (0, 1]", "option"),
     "far threshold below the threshold": ("good", ["--strategy", "threshold", "--threshold-far", "0.8"],
                                           "far threshold (0.8) is below the threshold (0.9)", "option"),
+    "lead threshold above the threshold": ("good", ["--strategy", "threshold", "--threshold-lead", "0.95"],
+                                           "lead threshold (0.95) is above the threshold (0.9)", "option"),
     "draft tau out of range": ("good", ["--strategy", "spd", "--draft-tau", "1.5"], "draft tau must be in (0, 1]", "option"),
     "absent precision": ("good", ["--precision", "fp16"], "has no 'fp16' variant (it has fp32, int4, int8)", True),
     "unknown cache mode": ("good", ["--cache", "full"], "unknown cache mode 'full'", "option"),

@@ -31,10 +31,16 @@ CASES = {
                                   "beam_width": 4},
     "spd-binary-threshold-far-w4": {"strategy": "spd", "tree": "binary", "base": "threshold", "threshold": 0.8,
                                     "threshold_far": 0.999, "beam_width": 4},
+    # the lead threshold: with the far one, alone, and under the fork's drafts
+    "threshold-far-lead": {"strategy": "threshold", "threshold": 0.98, "threshold_far": 0.999, "threshold_lead": 0.7},
+    "threshold-lead": {"strategy": "threshold", "threshold": 0.95, "threshold_lead": 0.5},
+    "spd-fork-threshold-far-lead-w4": {"strategy": "spd", "base": "threshold", "threshold": 0.98, "threshold_far": 0.999,
+                                       "threshold_lead": 0.7, "beam_width": 4},
 }
 N_PROMPTS = {"spd-binary-threshold-w4": 1, "spd-wide-select-threshold-w4": 1, "vanilla-steps": 1,
              "spd-chain-threshold-w4-draft-tau": 1, "spd-fork-w6": 1, "threshold-far": 2,
-             "spd-fork-threshold-far-w4": 2, "spd-binary-threshold-far-w4": 1}
+             "spd-fork-threshold-far-w4": 2, "spd-binary-threshold-far-w4": 1, "threshold-far-lead": 2,
+             "threshold-lead": 1, "spd-fork-threshold-far-lead-w4": 1}
 
 KEYS = ("text", "token_ids", "forwards", "tokens", "accepted_hist", "finished", "beam_width_used",
         "beam_width_requested")

@@ -12,12 +12,13 @@ L = 32
 
 
 def reference_decode(runtime, prompt: str, rule: str, tau: float = 0.9, gen_length: int = 128,
-                     floor: float | None = None, far: float | None = None) -> list[int]:
+                     floor: float | None = None, far: float | None = None, lead: float | None = None) -> list[int]:
     """A straightforward full-recompute implementation: every step runs the model on
     [prompt | committed blocks | current block] under a block-causal mask and commits by the rule
     (LLaDA low-confidence remasking with one token per step, or Fast-dLLM's threshold; with
     ``floor``, the dynamic tau: tau * 0.97**step down to floor, tau again for the last 2 masked;
-    with ``far``, positions left of the first masked one under tau at tau, the others at ``far``)."""
+    with ``far``, positions left of the first masked one under its bar at tau, the others at ``far``;
+    with ``lead``, the leftmost masked position's bar is min(lead, tau))."""
     model, cfg, tok = runtime.backend.model, runtime.config, runtime.tokenizer
     prompt_ids = tok.encode(prompt)
     out: list[int] = []
@@ -39,8 +40,11 @@ def reference_decode(runtime, prompt: str, rule: str, tau: float = 0.9, gen_leng
                 chosen = order[:1]
             else:
                 t = tau if floor is None or len(masked) <= 2 else max(floor, tau * 0.97 ** step)
-                gap = next((i for i in masked if conf[i].item() < t), L)
-                bar = [t if far is None or i < gap else max(far, t) for i in range(L)]
+                near = {i: t for i in masked}
+                if lead is not None:
+                    near[masked[0]] = min(lead, t)
+                gap = next((i for i in masked if conf[i].item() < near[i]), L)
+                bar = {i: near[i] if far is None or i < gap else max(far, t) for i in masked}
                 chosen = [i for i in order if conf[i].item() >= bar[i]] or order[:1]
             for i in chosen:
                 block[i] = int(pred[i])
@@ -91,6 +95,19 @@ def test_far_threshold_equals_reference_and_lossless_spd_keeps_it(tiny_runtime):
     spd = tiny_runtime.generate(prompts, strategy="spd", base="threshold", threshold=0.8, threshold_far=0.999,
                                 beam_width=4, gen_length=128)
     assert [s.token_ids for s in spd] == [r.token_ids for r in far]
+
+
+def test_lead_threshold_equals_reference_and_lossless_spd_keeps_it(tiny_runtime):
+    prompts = _prompts(1)[::2]
+    kw = {"strategy": "threshold", "threshold": 0.98, "threshold_far": 0.999, "gen_length": 128}
+    lead = tiny_runtime.generate(prompts, threshold_lead=0.7, **kw)
+    plain = tiny_runtime.generate(prompts, **kw)
+    for p, r in zip(prompts, lead):
+        assert r.token_ids == reference_decode(tiny_runtime, p, "threshold", tau=0.98, far=0.999, lead=0.7), p
+    assert sum(r.forwards for r in lead) < sum(r.forwards for r in plain)     # the leftmost commits sooner
+    spd = tiny_runtime.generate(prompts, base="threshold", beam_width=4, threshold_lead=0.7,
+                                **{**kw, "strategy": "spd"})
+    assert [s.token_ids for s in spd] == [r.token_ids for r in lead]
 
 
 def test_cache_none_equals_exact(tiny_runtime):

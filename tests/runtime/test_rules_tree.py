@@ -60,6 +60,27 @@ def test_far_threshold_takes_left_to_right_then_only_near_certain_positions():
     assert Threshold(0.9, far=0.999).positions(s, p, 0, M, tau=0.96).tolist() == [5]   # a draft tau raises far's floor too
 
 
+def test_lead_threshold_is_the_leftmost_masked_positions_bar():
+    s = np.array([7, M, M, M, M, M])
+    ids = np.array([1, 2, 3, 4, 5, 6])
+    p = np.array([0.1, 0.8, 0.95, 0.5, 0.9999, 0.97])
+    assert Threshold(0.9, far=0.999)(s, ids, p, 0, M).tolist() == [7, M, M, M, 5, M]          # 1 is the gap
+    assert Threshold(0.9, far=0.999, lead=0.7)(s, ids, p, 0, M).tolist() == [7, 2, 3, M, 5, M]  # 1 clears 0.7: gap at 3
+    assert Threshold(0.9, far=0.999, lead=0.85)(s, ids, p, 0, M).tolist() == [7, M, M, M, 5, M]
+    assert Threshold(0.9, lead=0.7)(s, ids, p, 0, M).tolist() == [7, 2, 3, M, 5, 6]             # no far: lead, then >= tau
+    assert Threshold(0.9, lead=0.0)(s, ids, np.full(6, 0.01), 0, M).tolist() == [7, 2, M, M, M, M]   # 0: always the leftmost
+    # only the leftmost masked position: 2 at 0.8 is not leftmost once 1 is committed
+    s2 = np.array([7, 9, M, M, M, M])
+    p2 = np.array([0.1, 0.1, 0.8, 0.5, 0.2, 0.3])
+    assert Threshold(0.9, lead=0.7)(s2, ids, p2, 0, M).tolist() == [7, 9, 3, M, M, M]
+    p3 = np.array([0.1, 0.1, 0.6, 0.8, 0.2, 0.3])
+    assert Threshold(0.9, lead=0.7)(s2, ids, p3, 0, M).tolist() == [7, 9, M, 4, M, M]           # none: the most confident
+    # a draft tau (SPD): lead still lowers the leftmost bar, and never raises one
+    assert Threshold(0.9, far=0.999).positions(s, p, 0, M, tau=0.85).tolist() == [4]
+    assert Threshold(0.9, far=0.999, lead=0.7).positions(s, p, 0, M, tau=0.85).tolist() == [4, 2, 1]
+    assert Threshold(0.9, far=0.999, lead=0.7).positions(s, p, 0, M, tau=0.6).tolist() == [4, 2, 1]
+
+
 def test_threshold_floor_over_the_threshold_is_refused():
     from dllm_deploy.errors import UserError
     from dllm_deploy.runtime.api import decode_config
@@ -169,6 +190,15 @@ def test_candidates_only_for_the_lossy_mode():
                 dict(strategy="spd", select="threshold", candidates=-1)):
         with pytest.raises(UserError):
             decode_config(**bad)
+
+
+def test_lead_threshold_above_the_threshold_is_refused():
+    from dllm_deploy.errors import UserError
+    from dllm_deploy.runtime.api import decode_config
+    assert decode_config(strategy="threshold", threshold=0.9, threshold_lead=0.9).threshold_lead == 0.9
+    assert decode_config(strategy="threshold", threshold=0.9, threshold_lead=0.0).threshold_lead == 0.0
+    with pytest.raises(UserError, match="lead threshold"):
+        decode_config(strategy="threshold", threshold=0.9, threshold_lead=0.95)
 
 
 def test_far_threshold_below_the_threshold_is_refused():
