@@ -52,7 +52,7 @@ class _Reshape(torch.autograd.Function):
     """``x.reshape(shape)``, where 0 keeps the input's dim there (ONNX Reshape's rule). Traced into
     one Reshape with a constant shape: ``x.view(b, t, ...)`` would trace into a Shape / Gather /
     Unsqueeze / Concat chain per call, and on a small model those nodes cost as much as the
-    matrix products (docs/export.md, "Graph size")."""
+    matrix products (docs/export.md, "The graph's form")."""
 
     @staticmethod
     def forward(ctx, x, shape):
