@@ -151,6 +151,7 @@ class Config:
     tree: str = DEFAULT_TREE
     temperature: float = 0.0      # > 0: a sampling run (SAMPLING's top-p, this seed)
     seed: int = 0
+    precision: str = "fp32"       # the artifact's variant (ort, cpp)
 
     @property
     def label(self) -> str:
@@ -168,6 +169,8 @@ class Config:
             extra = " no-cache" if self.cache == "none" else ""
         if self.temperature > 0:
             extra += f" T{self.temperature} p{SAMPLING['top_p']} seed{self.seed}"
+        if self.precision != "fp32":
+            extra += f" {self.precision}"
         return f"{self.backend}:{self.strategy}{extra}"
 
     @property
@@ -199,8 +202,9 @@ def split_backend(item: str) -> tuple[str, list[str] | None]:
 
 
 def configurations(backends, strategies, beam_widths, thresholds, tree: str = DEFAULT_TREE, seeds=(),
-                   threshold_floors=(), threshold_fars=(), threshold_leads=()) -> list[Config]:
-    """Every greedy configuration, then (``seeds``) each cached one again sampling with each seed.
+                   threshold_floors=(), threshold_fars=(), threshold_leads=(), precisions=("fp32",)) -> list[Config]:
+    """Every greedy configuration, each ONNX Runtime one (ort, cpp) once per precision variant in
+    ``precisions``, then (``seeds``) each cached one again sampling with each seed.
     ``threshold_floors``: the threshold rule again with a dynamic tau from each threshold down to
     each floor below it; ``threshold_fars``: again with each far threshold at or above it (the
     positions past the first uncertain one need that confidence); ``threshold_leads``: again with
@@ -232,6 +236,7 @@ def configurations(backends, strategies, beam_widths, thresholds, tree: str = DE
                     out += [Config(be, "spd", beam_width=w, select="threshold", threshold=t, tree=tree) for t in thresholds]
             else:
                 raise UserError(f"unknown strategy {s!r} (expected some of {', '.join(STRATEGY_NAMES)})")
+    out += [replace(c, precision=p) for p in precisions if p != "fp32" for c in list(out) if c.backend in ("ort", "cpp")]
     return out + [replace(c, temperature=SAMPLING["temperature"], seed=s) for s in seeds for c in out if c.cache != "none"]
 
 
@@ -317,7 +322,7 @@ def run_bench(artifact: str, backends=("torch", "ort"), strategies=("vanilla", "
               beam_widths=(1, 2, 4, 8), thresholds=(0.9,), families=None, n: int = 5, repeats: int = 3,
               gen_length: int = 256, tree: str = DEFAULT_TREE, batch_size: int = 1, cost_repeats: int = 5,
               memory: bool = False, device: str = "cpu", progress=None, seeds=(), threshold_floors=(), threshold_fars=(),
-              threshold_leads=(),
+              threshold_leads=(), precisions=("fp32",),
               quality_budget: float = 0.01) -> dict:
     from .evals import tasks
     from .evals.harness import run_eval
@@ -332,9 +337,16 @@ def run_bench(artifact: str, backends=("torch", "ort"), strategies=("vanilla", "
     from .profiles import get_profile
     prof, reasons, _ = get_profile("auto")
     configs = configurations(backends, strategies, beam_widths, thresholds, tree, seeds, threshold_floors, threshold_fars,
-                             threshold_leads)
+                             threshold_leads, precisions)
     backends = list(dict.fromkeys(split_backend(b)[0] for b in backends))
-    ort_rt = Runtime.load(artifact=artifact)
+    ort_rt = Runtime.load(artifact=artifact, precision="fp32")
+    variants = sorted({c.precision for c in configs} - {"fp32"})
+    have = ort_rt.backend.manifest.get("precisions", {})
+    missing = [p for p in variants if p not in have]
+    if missing:
+        raise UserError(f"{artifact}: no {missing[0]} variant (it has {', '.join(have)}): export with "
+                        f"--precision fp32,{','.join(missing)}")
+    quantized = {p: Runtime.load(artifact=artifact, precision=p) for p in variants if {"ort", "cpp"} & set(backends)}
     runtimes = {}
     for be in backends:
         if be == "ort":
@@ -363,8 +375,10 @@ def run_bench(artifact: str, backends=("torch", "ort"), strategies=("vanilla", "
     cost = {be: forward_cost(runtimes[be].backend, cfg, widths, L, prefix, cost_repeats) for be in backends if be != "cpp"}
     if "cpp" in backends and "ort" not in cost:
         cost["ort"] = forward_cost(ort_rt.backend, cfg, widths, L, prefix, cost_repeats)
+    for p, rt in quantized.items():      # keyed "ort int8": the label's suffix
+        cost[f"ort {p}"] = forward_cost(rt.backend, cfg, widths, L, prefix, cost_repeats)
     if progress:
-        progress(len(backends))
+        progress(len(backends) + len(quantized))
     examples = tasks.eval_split(families=families, n=n)
 
     samples: dict[Config, list[dict]] = {c: [] for c in configs}
@@ -373,7 +387,8 @@ def run_bench(artifact: str, backends=("torch", "ort"), strategies=("vanilla", "
     for _, c in itertools.product(range(repeats), configs):
         used_w[c] = min(c.beam_width, cap) if c.strategy == "spd" else 1
         if c.backend == "cpp":
-            o = run_cpp(runtimes["cpp"], artifact, examples, c.decode_kwargs(gen_length), cap)
+            o = run_cpp(runtimes["cpp"], artifact, examples,
+                        {**c.decode_kwargs(gen_length), "precision": None if c.precision == "fp32" else c.precision}, cap)
             samples[c].append({"accuracy": o["accuracy"], "tpf": o["tokens"] / max(o["forwards"], 1), "forwards": o["forwards"],
                                "tokens": o["tokens"], "wall_s": o["wall_s"], "tokens_per_s": o["tokens"] / o["wall_s"],
                                "time_per_forward_ms": 1000 * o["backend_s"] / max(o["forwards"], 1),
@@ -381,7 +396,7 @@ def run_bench(artifact: str, backends=("torch", "ort"), strategies=("vanilla", "
             if progress:
                 progress(1)
             continue
-        rt = runtimes[c.backend]
+        rt = quantized[c.precision] if c.precision != "fp32" else runtimes[c.backend]
         timed = TimedBackend(rt.backend)
         dec = Decoder(timed, rt.tokenizer, rt.config, max_beam_width=rt.decoder.max_beam_width)
         t0 = time.perf_counter()
@@ -401,16 +416,17 @@ def run_bench(artifact: str, backends=("torch", "ort"), strategies=("vanilla", "
     for c, ss in samples.items():
         med = {k: statistics.median(s[k] for s in ss) for k in ss[0]}
         w = used_w[c]
-        one = next(x["ms"] for x in cost["ort" if c.backend == "cpp" else c.backend] if x["beam_width"] == 1)
+        key = ("ort" if c.backend == "cpp" else c.backend) + ("" if c.precision == "fp32" else f" {c.precision}")
+        one = next(x["ms"] for x in cost[key] if x["beam_width"] == 1)
         # modelled: every forward costs a one-branch forward (no-cache forwards carry the whole sequence)
         modelled = None if c.cache == "none" else med["tokens"] / (med["forwards"] * one / 1000)
-        est = estimate_bytes(cfg.to_dict(), "fp32", batch_size, w, L, cfg.max_seq)
+        est = estimate_bytes(cfg.to_dict(), c.precision, batch_size, w, L, cfg.max_seq)
         runs.append({"label": c.label, **asdict(c), "beam_width_used": w, **med, **clocks[c].percentiles(),
                      "tokens_per_s_min": min(s["tokens_per_s"] for s in ss),
                      "tokens_per_s_max": max(s["tokens_per_s"] for s in ss), "repeats": len(ss),
                      "modelled_tokens_per_s_memory_bound": modelled,
                      "memory_estimate_mb": est["total"] / 2**20,
-                     "memory_peak_mb": peak.get(w) if c.backend in ("ort", "cpp") else None})
+                     "memory_peak_mb": peak.get(w) if c.backend in ("ort", "cpp") and c.precision == "fp32" else None})
     out = {"machine": machine_facts(), "versions": versions(), "profile": {"name": prof.name, "reasons": reasons},
            "artifact": str(artifact), "families": list(families), "prompts_per_family": n, "repeats": repeats,
            "gen_length": gen_length, "batch_size": batch_size, "block_length": L, "tree": tree, "torch_device": device,
@@ -545,7 +561,7 @@ def overlay_profile(tuned: dict, base_profile, bench_json: str | None) -> dict:
     decode = {**base_profile.decode, **{k: picked[k] for k in PROFILE_DEFAULT_KEYS if k in picked}}
     return {"name": f"{base_profile.name}-tuned", "description": f"{base_profile.name} with decode defaults from bench --tune",
             "priority": base_profile.priority + 1, "match": dict(base_profile.match), "backends": list(base_profile.backends),
-            "precision": base_profile.precision, "decode": decode, "memory": dict(base_profile.memory),
+            "precision": p.get("precision", "fp32"), "decode": decode, "memory": dict(base_profile.memory),
             "ort": dict(base_profile.ort),
             "tuned": {"from": bench_json or "(not saved)", "base_profile": base_profile.name, "pick": p["label"],
                       "tokens_per_s": round(p["tokens_per_s"], 2), "baseline": tuned["baseline"]["label"],

@@ -139,7 +139,9 @@ def cmd_export(a) -> int:
     log = (lambda msg: None) if a.json else (lambda msg: print(msg, file=sys.stderr))
     res = export(model=a.model, out=a.out, precisions=[p.strip() for p in a.precision.split(",") if p.strip()],
                  block_length=a.block_length, max_beam_width=a.max_beam_width, opset=a.opset, force=a.force, log=log,
-                 int4_block_size=a.int4_block_size, int4_symmetric=a.int4_symmetric, sample_pool=a.sample_pool)
+                 int4_block_size=a.int4_block_size, int4_symmetric=a.int4_symmetric, sample_pool=a.sample_pool,
+                 int8_smooth=a.int8_smooth, int8_calibration=a.int8_calibration,
+                 int8_fp32=[] if a.int8_fp32.strip() == "none" else [x.strip() for x in a.int8_fp32.split(",") if x.strip()])
     if a.json:
         print(json.dumps(res))
     else:
@@ -177,15 +179,20 @@ def cmd_bench(a) -> int:
     floors = _csv(a.threshold_floors, float) if a.threshold_floors else []
     fars = _csv(a.threshold_fars, float) if a.threshold_fars else []
     leads = _csv(a.threshold_leads, float) if a.threshold_leads else []
+    precisions = list(dict.fromkeys(["fp32", *_csv(a.precisions)]))
+    bad = [p for p in precisions if p not in ("fp32", "fp16", "int8", "int4")]
+    if bad:
+        raise UserError(f"unknown precision {bad[0]!r} (expected some of fp32, fp16, int8, int4)")
     if not 0 <= a.quality_budget < 1:
         raise UserError("--quality-budget is an accuracy difference in [0, 1) (0.01: one point)")
-    total = len(configurations(backends, strategies, widths, taus, a.tree, seeds, floors, fars, leads)) * a.repeats + len(backends)
+    total = (len(configurations(backends, strategies, widths, taus, a.tree, seeds, floors, fars, leads, precisions)) * a.repeats
+             + len(backends) + len(precisions) - 1)
     bar = _progress(total, "bench", sys.stderr.isatty() and not a.quiet)
     res = run_bench(a.artifact, backends, strategies, widths, taus, families, n=a.n, repeats=a.repeats,
                     gen_length=a.gen_length, tree=a.tree, batch_size=a.batch_size, memory=a.memory,
                     cost_repeats=3 if a.quick else 5, device=a.device, progress=bar, seeds=seeds,
                     threshold_floors=floors, threshold_fars=fars,
-                    threshold_leads=leads, quality_budget=a.quality_budget)
+                    threshold_leads=leads, precisions=precisions, quality_budget=a.quality_budget)
     if a.tune:
         from .profiles import get_profile
         from .bench import split_backend
@@ -531,6 +538,15 @@ def build_parser() -> argparse.ArgumentParser:
                    help="int4: weights per quantization block along the input dimension (power of two >= 16)")
     x.add_argument("--int4-asymmetric", dest="int4_symmetric", action="store_false",
                    help="int4: a zero point per block (default symmetric: scales only)")
+    x.add_argument("--int8-smooth", type=float, default=0.5, metavar="ALPHA",
+                   help="int8: SmoothQuant strength in [0, 1], moving activation outliers into the weights before "
+                        "quantization (0: none; default 0.5; docs/precision.md)")
+    x.add_argument("--int8-fp32", default="down_proj", metavar="PRODUCTS",
+                   help="int8: weight products kept in fp32, comma-separated from qkv, o_proj, gate_up, down_proj, "
+                        "lm_head, or 'none' (default down_proj: the widest activations; docs/precision.md)")
+    x.add_argument("--int8-calibration", default=None, metavar="FILE",
+                   help="int8: texts (one per line) the smoothing is calibrated on (default: 32 task prompts with "
+                        "their answers; use your own for a real model)")
     x.add_argument("--block-length", type=int, default=None, help="block length L (default: the model's)")
     x.add_argument("--max-beam-width", type=int, default=8, help="largest W the artifact is checked for")
     x.add_argument("--sample-pool", type=int, default=None,
@@ -558,6 +574,10 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--threshold-leads", default=None,
                    help="also the threshold rule with each of these lead thresholds (below the threshold; with each "
                         "far threshold if any), e.g. 0.7")
+    b.add_argument("--precisions", default="fp32",
+                   help="artifact variants the ONNX Runtime configurations (ort, cpp) run in, e.g. fp32,int8 (fp32 "
+                        "always): each quantized one is a configuration of its own, so the equal-quality pick and "
+                        "--tune choose the precision too")
     b.add_argument("--tasks", default=None, help="comma-separated families (default: all six)")
     b.add_argument("--n", type=int, default=5, help="prompts per family")
     b.add_argument("--repeats", type=int, default=3, help="interleaved repeats (medians reported)")

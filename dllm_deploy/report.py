@@ -215,6 +215,15 @@ def _equal_quality_section(res: dict, other: dict | None, other_source: str | No
     return lines + [""]
 
 
+def _precisions_note(runs: list[dict]) -> str:
+    """The artifact variants the run measured, when more than fp32 (bench --precisions)."""
+    quantized = sorted({r.get("precision", "fp32") for r in runs} - {"fp32"})
+    if not quantized:
+        return ""
+    return (f"; ONNX Runtime configurations in fp32 and {', '.join(quantized)} (a label ending in "
+            f"{' or '.join(quantized)} is that variant, [precision](precision.md))")
+
+
 def markdown(res: dict, plot_paths: list[Path] | None = None, doc_path: str | Path | None = None,
              source: str | None = None, load: dict | None = None, load_source: str | None = None,
              other: dict | None = None, other_source: str | None = None, other_label: str = "other run") -> str:
@@ -227,7 +236,8 @@ def markdown(res: dict, plot_paths: list[Path] | None = None, doc_path: str | Pa
              f"- profile: `{res['profile']['name']}` ({'; '.join(res['profile']['reasons'])})",
              (f"- workload: {len(res['families'])} task families x {res['prompts_per_family']} held-out prompts, "
              f"gen length {res['gen_length']}, block length {res['block_length']}, batch {res['batch_size']}, "
-             f"tree `{res['tree']}`, {res['repeats']} interleaved repeats (medians; min-max in brackets)"), "",
+             f"tree `{res['tree']}`, {res['repeats']} interleaved repeats (medians; min-max in brackets)"
+             + _precisions_note(res["runs"])), "",
              "## Targets", "", "| target | goal | measured | met | note |", "|---|---|---|---|---|"]
     for t in res["targets"]:
         val = t["measured"]

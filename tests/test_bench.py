@@ -212,3 +212,33 @@ def test_sampling_runs_beside_greedy_ones(tiny_artifact):
     assert sampled["temperature"] == 0.7 and sampled["seed"] == 1 and greedy["temperature"] == 0
     assert sampled["tokens"] > 0 and sampled["ttft_ms_p50"] > 0
     assert all(t["measured"] is None or "T0.7" not in t["note"] for t in res["targets"])   # targets: greedy runs
+
+
+def test_precisions_are_configurations_of_their_own(tiny_artifact, tmp_path):
+    """--precisions: every ONNX Runtime configuration again in each quantized variant (never torch);
+    the run measures each on its own graphs, and --tune's overlay carries the pick's precision."""
+    cs = bench.configurations(["torch:vanilla", "ort"], ["vanilla", "threshold"], [4], [0.9], precisions=["fp32", "int8"])
+    assert [c.label for c in cs] == ["torch:vanilla no-cache", "ort:vanilla no-cache", "ort:threshold tau0.9",
+                                     "ort:vanilla no-cache int8", "ort:threshold tau0.9 int8"]
+    assert "precision" not in cs[-1].decode_kwargs(64)
+    res = bench.run_bench(str(tiny_artifact[0]), backends=["ort"], strategies=["threshold"], beam_widths=[1],
+                          thresholds=[0.9], families=["upper"], n=1, repeats=1, gen_length=32, cost_repeats=1,
+                          precisions=["fp32", "int8"])
+    fp32, int8 = res["runs"]
+    assert (fp32["precision"], int8["precision"]) == ("fp32", "int8") and int8["label"] == "ort:threshold tau0.9 int8"
+    assert set(res["forward_cost"]) == {"ort", "ort int8"}
+    assert int8["memory_estimate_mb"] < fp32["memory_estimate_mb"] and int8["tokens"] > 0
+    md = report.markdown(res)
+    assert "configurations in fp32 and int8" in md and "| ort int8 |" in md      # workload line, forward cost
+    slow_fp32 = _run("ref", "vanilla", 10.0, 0.9, backend="torch", cache="none")
+    picked = {**_run("ort:threshold tau0.9 int8", "threshold", 100.0, 0.9), "precision": "int8", "beam_width_used": 1}
+    from dllm_deploy.profiles import get_profile
+    t = bench.tune({"runs": [slow_fp32, picked]})
+    overlay = bench.overlay_profile(t, get_profile("auto")[0], None)
+    assert overlay["precision"] == "int8" and overlay["tuned"]["pick"] == "ort:threshold tau0.9 int8"
+
+
+def test_bench_refuses_a_precision_the_artifact_lacks(tiny_artifact, capsys):
+    assert main(["bench", "--artifact", str(tiny_artifact[0]), "--precisions", "fp16", "--quiet"]) == 2
+    assert "no fp16 variant" in capsys.readouterr().err
+    assert main(["bench", "--artifact", str(tiny_artifact[0]), "--precisions", "int3", "--quiet"]) == 2

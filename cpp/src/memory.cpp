@@ -29,11 +29,8 @@ int64_t mul(std::initializer_list<int64_t> xs) {
   return r;
 }
 
-// memory.py BYTES / _act_bytes: weight bytes b and activation bytes a (int8 quantizes weights only).
-int64_t weight_bytes(const std::string& precision) {
-  if (precision == "int8") return 1;
-  return precision == "fp16" || precision == "bf16" ? 2 : 4;
-}
+// memory.py BYTES / _act_bytes: weight bytes b and activation bytes a (fp32 for int8 and int4).
+int64_t weight_bytes(const std::string& precision) { return precision == "fp16" || precision == "bf16" ? 2 : 4; }
 int64_t act_bytes(const std::string& precision) { return precision == "fp16" || precision == "bf16" ? 2 : 4; }
 
 int64_t param_count(const ModelConfig& m) {
@@ -71,18 +68,21 @@ MemoryBudget cpu_memory_budget() {
 
 // memory.py::weight_bytes: one copy of the weights. int4 (MatMulNBits, the exporter's default block
 // of 32, symmetric): each MatMul weight (K,N) takes N * ceil(K/32) blocks of 16 bytes + a 4-byte
-// scale; every other parameter stays fp32.
+// scale. int8 (the exporter's defaults): K*N bytes + a 4-byte scale and a 1-byte zero point per
+// output channel, the down-projections kept fp32. Every other parameter stays fp32.
 static int64_t weights_once(const ModelConfig& m, const std::string& precision) {
-  if (precision != "int4") return mul(param_count(m), weight_bytes(precision));
+  if (precision != "int4" && precision != "int8") return mul(param_count(m), weight_bytes(precision));
   constexpr int64_t kBlock = 32;
+  const bool int8 = precision == "int8";
   const int64_t c = m.hidden_size, f = m.intermediate_size, h = m.num_heads, hkv = m.num_kv_heads, d = m.head_dim;
-  const int64_t shapes[][3] = {  // K, N, how many (memory.py::matmul_weight_shapes)
-      {c, h * d, m.num_layers}, {c, hkv * d, 2 * m.num_layers}, {h * d, c, m.num_layers},
-      {c, f, 2 * m.num_layers}, {f, c, m.num_layers}, {c, m.vocab_size, 1}};
+  const int64_t shapes[][4] = {  // K, N, how many, int8 keeps it fp32 (memory.py::matmul_weight_shapes)
+      {c, h * d, m.num_layers, 0}, {c, hkv * d, 2 * m.num_layers, 0}, {h * d, c, m.num_layers, 0},
+      {c, f, 2 * m.num_layers, 0}, {f, c, m.num_layers, 1}, {c, m.vocab_size, 1, 0}};
   int64_t quant = 0, matmul_params = 0;
   for (const auto& s : shapes) {
+    if (int8 && s[3]) continue;  // counted with the fp32 parameters
     const int64_t blocks = (s[0] + kBlock - 1) / kBlock;
-    quant = add(quant, mul({s[2], s[1], blocks, kBlock / 2 + 4}));
+    quant = add(quant, int8 ? mul({s[2], s[1], add(s[0], 5)}) : mul({s[2], s[1], blocks, kBlock / 2 + 4}));
     matmul_params = add(matmul_params, mul({s[2], s[0], s[1]}));
   }
   return add(quant, mul(std::max<int64_t>(param_count(m) - matmul_params, 0), 4));

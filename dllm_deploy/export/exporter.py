@@ -16,9 +16,11 @@ Nothing but its own artifact is ever deleted or left half-written (artifact/fsio
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
+import re
 import shutil
 import time
 from pathlib import Path
@@ -31,9 +33,17 @@ from ..artifact.fsio import clean_stale, lock_target, remove_temp_dir, replace_d
 from ..errors import UserError
 from ..models.exclusion import excluded_ids
 from ..models.sampling import default_pool
+from ..profiles.memory import INT8_FP32_DEFAULT
 from .graphs import PrefillGraph, VerifyGraph, dynamic_axes, io_names
+from .smooth import DEFAULT_ALPHA, calibration_texts, input_ranges, smooth_
 
 PRECISIONS = ("fp32", "fp16", "int8", "int4")
+# the weight products of the exported graph, by the node names torch gives them (module paths),
+# that the int8 variant can keep in fp32 (docs/precision.md: the MLP's down-projection reads the
+# widest activations, and keeping it halves int8's logit error on the bundled model)
+INT8_PRODUCTS = {"qkv": r"/self_attn/MatMul$", "o_proj": r"/o_proj/MatMul$", "gate_up": r"/mlp/MatMul$",
+                 "down_proj": r"/down_proj/MatMul$", "lm_head": r"/lm_head/MatMul$"}
+
 QUANTIZED = ("int8", "int4")          # weight-only: top-1 may differ from fp32; parity reports, never fails
 DEFAULT_OPSET = 17
 TOPK = 2
@@ -170,11 +180,17 @@ def parity(folder: Path, files: dict, module, cfg, shapes, dtype, pool: int,
 
 def export(model: str = "tiny", out: str | Path = "artifact", precisions=("fp32",), block_length: int | None = None,
            max_beam_width: int = 8, opset: int = DEFAULT_OPSET, force: bool = False, log=print,
-           int4_block_size: int = 32, int4_symmetric: bool = True, sample_pool: int | None = None) -> dict:
+           int4_block_size: int = 32, int4_symmetric: bool = True, sample_pool: int | None = None,
+           int8_smooth: float = DEFAULT_ALPHA, int8_calibration: str | Path | None = None,
+           int8_fp32=INT8_FP32_DEFAULT, int8_per_channel: bool = True) -> dict:
     """Export ``model`` (``tiny`` or a Hugging Face folder) into the artifact folder ``out``.
     ``int4_block_size`` / ``int4_symmetric``: the int4 variant's quantization (MatMulNBits blocks
-    along each weight's input dimension; symmetric = no zero points). ``sample_pool``: the P most
-    probable tokens the graphs sample from (default min(vocabulary, 64))."""
+    along each weight's input dimension; symmetric = no zero points). ``int8_smooth``: the int8
+    variant's smoothing strength alpha (export/smooth.py; 0: none), calibrated on the lines of
+    ``int8_calibration`` (default: task prompts); ``int8_fp32``: the products the int8 variant keeps
+    in fp32 (names of ``INT8_PRODUCTS``); ``int8_per_channel``: a weight scale per output channel
+    (False: one per tensor, ONNX Runtime's default). ``sample_pool``: the P most probable tokens the
+    graphs sample from (default min(vocabulary, 64))."""
     from ..models.loading import load_model, resolve_model_dir
     from ..models.tokenizer import load_tokenizer
 
@@ -188,9 +204,23 @@ def export(model: str = "tiny", out: str | Path = "artifact", precisions=("fp32"
         raise UserError("--max-beam-width must be >= 1")
     if int4_block_size < 16 or int4_block_size & (int4_block_size - 1):
         raise UserError(f"--int4-block-size must be a power of two >= 16 (got {int4_block_size})")
+    if isinstance(int8_smooth, bool) or not isinstance(int8_smooth, (int, float)) or not 0 <= int8_smooth <= 1:
+        raise UserError(f"--int8-smooth must be a number in [0, 1] (0: no smoothing), got {int8_smooth!r}")
+    int8_fp32 = list(dict.fromkeys(int8_fp32))
+    bad = [x for x in int8_fp32 if x not in INT8_PRODUCTS]
+    if bad:
+        raise UserError(f"--int8-fp32: unknown product {bad[0]!r} (expected some of {', '.join(INT8_PRODUCTS)}, or none)")
+    calibration = None
+    if "int8" in precisions and int8_smooth > 0:
+        calibration = calibration_texts(int8_calibration)
+    elif int8_calibration is not None:
+        raise UserError("--int8-calibration needs the int8 precision with --int8-smooth above 0")
     quant = {"int4": {"method": "MatMulNBits", "bits": 4, "block_size": int4_block_size, "symmetric": int4_symmetric,
                       "op_types": ["MatMul"]},
-             "int8": {"method": "dynamic", "bits": 8, "symmetric": True, "op_types": ["MatMul"]}}
+             "int8": {"method": "dynamic", "bits": 8, "symmetric": True, "op_types": ["MatMul"],
+                      "per_channel": bool(int8_per_channel), "fp32_products": int8_fp32,
+                      "smooth": {"alpha": float(int8_smooth), "calibration": calibration[1],
+                                 "texts": len(calibration[0])} if calibration else None}}
     quant = {p: q for p, q in quant.items() if p in precisions}
     given = Path(out)
     out = given.resolve()
@@ -212,7 +242,8 @@ def export(model: str = "tiny", out: str | Path = "artifact", precisions=("fp32"
             work = scratch / "artifact"
             work.mkdir()
             files, parity_report = _write_artifact(work, module, cfg, tok, src, block_length or cfg.block_size,
-                                                   precisions, max_beam_width, opset, log, quant, pool)
+                                                   precisions, max_beam_width, opset, log, quant, pool,
+                                                   calibration[0] if calibration else None)
             replace_dir(work, out, scratch)
         except OSError as e:
             raise UserError(f"{out}: cannot write the artifact: {e.filename or out}: {e.strerror}") from None
@@ -224,9 +255,11 @@ def export(model: str = "tiny", out: str | Path = "artifact", precisions=("fp32"
 
 
 def _write_artifact(tmp: Path, module, cfg, tok, src: Path, L: int, precisions: list, max_beam_width: int,
-                    opset: int, log, quant: dict, pool: int) -> tuple[dict, dict]:
+                    opset: int, log, quant: dict, pool: int, calibration: list[str] | None = None) -> tuple[dict, dict]:
     """Every file of the artifact, manifest last, into the empty folder ``tmp``; ``quant``: the
-    options of each quantized precision (recorded in the manifest's ``quantization``)."""
+    options of each quantized precision (recorded in the manifest's ``quantization``);
+    ``calibration``: the texts the int8 variant's smoothing is calibrated on (None: not smoothed).
+    int8 comes last, as its smoothing rewrites the module's weights in place (one copy in memory)."""
     import onnx
     import torch
     t0 = time.time()
@@ -234,7 +267,7 @@ def _write_artifact(tmp: Path, module, cfg, tok, src: Path, L: int, precisions: 
     files: dict[str, dict] = {}
     parity_report: dict[str, dict] = {}
     shapes = [(1, 24, 0), (2, L, 24), (1, 2 * L, 40), (1, max_beam_width * L, 48)]
-    for prec in precisions:
+    for prec in sorted(precisions, key=lambda p: (p != "fp32", p == "int8")):
         log(f"export {prec} ...")
         sub = tmp if prec == "fp32" else tmp / prec
         sub.mkdir(exist_ok=True)
@@ -242,8 +275,16 @@ def _write_artifact(tmp: Path, module, cfg, tok, src: Path, L: int, precisions: 
         trace = tmp.parent / "trace"
         bases: dict = {}
         if prec in QUANTIZED:
-            graphs = _int8_variant(tmp, sub) if prec == "int8" else _int4_variant(tmp, quant["int4"])
             dtype, mod = torch.float32, module
+            if prec == "int4":
+                graphs = _int4_variant(tmp, quant["int4"])
+            elif calibration:
+                log(f"smooth int8 (alpha {quant['int8']['smooth']['alpha']}, {len(calibration)} calibration texts) ...")
+                smooth_(module, cfg, input_ranges(module, cfg, tok, calibration, L), quant["int8"]["smooth"]["alpha"])
+                _trace_graphs(module, cfg, L, dtype, opset, trace, pool)
+                graphs = _int8_variant({g: trace / g for g in ("prefill", "verify")}, sub, quant["int8"])
+            else:
+                graphs = _int8_variant({g: tmp for g in ("prefill", "verify")}, sub, quant["int8"])
         else:
             dtype = torch.float16 if prec == "fp16" else torch.float32
             mod = module.to(dtype) if prec == "fp16" else module
@@ -257,7 +298,7 @@ def _write_artifact(tmp: Path, module, cfg, tok, src: Path, L: int, precisions: 
         try:
             parity_report[prec] = parity(tmp, files[prec], mod, cfg, shapes, dtype, pool)
             if prec in QUANTIZED:
-                parity_report[prec]["note"] = "weight-only quantized: compared with fp32 torch, top-1 may differ"
+                parity_report[prec]["note"] = "quantized: compared with fp32 torch, top-1 may differ"
         except Exception as e:  # fp16 kernels may be missing on the CPU execution provider
             if prec == "fp32":
                 raise
@@ -365,25 +406,58 @@ def _int4_variant(fp32_dir: Path, opts: dict) -> dict:
     the fp32 graphs: every MatMul with a constant weight, in blocks of ``opts['block_size']``
     input rows, one fp32 scale (and, asymmetric, one 4-bit zero point) per block."""
     import onnx
-    from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
     graphs = {}
-    for g in ("prefill", "verify"):
-        q = MatMulNBitsQuantizer(onnx.load(str(fp32_dir / f"{g}.onnx")), bits=4, block_size=opts["block_size"],
-                                 is_symmetric=opts["symmetric"], op_types_to_quantize=tuple(opts["op_types"]))
-        q.process()
-        graphs[g] = q.model.model
+    with _quiet_root_logger():
+        from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
+        for g in ("prefill", "verify"):
+            q = MatMulNBitsQuantizer(onnx.load(str(fp32_dir / f"{g}.onnx")), bits=4, block_size=opts["block_size"],
+                                     is_symmetric=opts["symmetric"], op_types_to_quantize=tuple(opts["op_types"]))
+            q.process()
+            graphs[g] = q.model.model
     return graphs
 
 
-def _int8_variant(fp32_dir: Path, sub: Path) -> dict:
-    """Dynamic int8 quantization (MatMul weights) of the fp32 graphs, for CPU / edge."""
+@contextlib.contextmanager
+def _quiet_root_logger():
+    """ONNX Runtime's quantizers log through the root logger: advice to pre-process, one line per
+    tensor, and ``matmul_nbits_quantizer`` calls ``logging.basicConfig(level=INFO)`` on import.
+    Errors only while they run; the caller's root level and handlers as they were afterwards."""
+    import logging
+    root = logging.getLogger()
+    level, handlers = root.level, list(root.handlers)
+    root.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        root.setLevel(level)
+        for h in root.handlers[:]:
+            if h not in handlers:
+                root.removeHandler(h)
+
+
+def int8_kept(graph, products) -> list[str]:
+    """The MatMul nodes of ``graph`` (onnx GraphProto) that compute one of ``products`` (names of
+    INT8_PRODUCTS), which the int8 variant leaves in fp32."""
+    pats = [re.compile(INT8_PRODUCTS[p]) for p in products]
+    return [n.name for n in graph.node if n.op_type == "MatMul" and any(p.search(n.name) for p in pats)]
+
+
+def _int8_variant(fp32_dirs: dict, sub: Path, opts: dict) -> dict:
+    """Dynamic int8 quantization of the fp32 graphs in ``fp32_dirs[graph]`` (the artifact's, or
+    the smoothed module's trace), for CPU / edge: MatMul weights int8 (``opts['per_channel']``: a
+    scale per output channel), activations quantized per call; the products named in
+    ``opts['fp32_products']`` stay fp32."""
     import onnx
     from onnxruntime.quantization import QuantType, quantize_dynamic
     graphs = {}
     for g in ("prefill", "verify"):
         dst = sub / f"{g}.q.onnx"
-        quantize_dynamic(str(fp32_dir / f"{g}.onnx"), str(dst), weight_type=QuantType.QInt8,
-                         op_types_to_quantize=["MatMul"], extra_options={"MatMulConstBOnly": True})
+        src = fp32_dirs[g] / f"{g}.onnx"
+        kept = int8_kept(onnx.load(str(src), load_external_data=False).graph, opts["fp32_products"])
+        with _quiet_root_logger():
+            quantize_dynamic(str(src), str(dst), weight_type=QuantType.QInt8, per_channel=opts["per_channel"],
+                             nodes_to_exclude=kept,
+                             op_types_to_quantize=["MatMul"], extra_options={"MatMulConstBOnly": True})
         graphs[g] = onnx.load(str(dst))
         dst.unlink()
         for leftover in sub.glob("*.data"):

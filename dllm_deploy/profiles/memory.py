@@ -13,6 +13,9 @@ Terms (bytes)
                 int4 (MatMulNBits): every MatMul weight (K, N) as N * ceil(K / block) blocks of
                 block / 2 bytes + a 4-byte scale (+ half a byte of zero point, asymmetric); the
                 other parameters (embedding, norms) stay fp32
+                int8 (the exporter's default): every MatMul weight (K, N) as K * N bytes + a 4-byte
+                scale and a 1-byte zero point per output channel, but the down-projections
+                (INT8_FP32_DEFAULT), which stay fp32 like the other parameters
     kv        = B * P * 2 * layers * Hkv * D * a                          the prefix cache
     prefill   = copies_p * B * T * (tok(T) + V * 4 + 2 * layers * Hkv * D * a)
                                                                            + the logits it returns
@@ -41,6 +44,7 @@ import os
 
 BYTES = {"fp32": 4, "fp16": 2, "bf16": 2, "int8": 1}
 INT4_BLOCK = 32          # the exporter's default --int4-block-size
+INT8_FP32_DEFAULT = ("down_proj",)   # the exporter's default --int8-fp32: products int8 keeps in fp32
 
 # multiples of each term a backend keeps resident (see the module docstring)
 RESIDENCY = {
@@ -67,10 +71,14 @@ def matmul_weight_shapes(cfg: dict) -> list[tuple[int, int]]:
 
 
 def weight_bytes(cfg: dict, precision: str = "fp32", block_size: int = INT4_BLOCK, symmetric: bool = True) -> int:
-    """Bytes of one copy of the weights in ``precision`` (int4: module docstring)."""
+    """Bytes of one copy of the weights in ``precision`` (int8, int4: module docstring)."""
+    mm = matmul_weight_shapes(cfg)
+    if precision == "int8":
+        down = {7 * i + 6 for i in range(cfg["num_layers"])} if "down_proj" in INT8_FP32_DEFAULT else set()
+        quant = sum(k * n + 5 * n for i, (k, n) in enumerate(mm) if i not in down)
+        return quant + max(param_count(cfg) - sum(k * n for i, (k, n) in enumerate(mm) if i not in down), 0) * 4
     if precision != "int4":
         return param_count(cfg) * BYTES[precision]
-    mm = matmul_weight_shapes(cfg)
     quant = 0
     for k, n in mm:
         kb = -(-k // block_size)                          # blocks per output column: ceil(K / block)
