@@ -17,6 +17,7 @@ Nothing but its own artifact is ever deleted or left half-written (artifact/fsio
 from __future__ import annotations
 
 import contextlib
+import copy
 import hashlib
 import json
 import os
@@ -40,10 +41,9 @@ from .smooth import DEFAULT_ALPHA, calibration_texts, input_ranges, smooth_
 PRECISIONS = ("fp32", "fp16", "int8", "int4")
 # the weight products of the exported graph, by the node names torch gives them (module paths),
 # that the int8 variant can keep in fp32 (docs/precision.md: the MLP's down-projection reads the
-# widest activations, and keeping it halves int8's logit error on the bundled model)
+# widest activations, and keeping it more than halves int8's logit error on the bundled model)
 INT8_PRODUCTS = {"qkv": r"/self_attn/MatMul$", "o_proj": r"/o_proj/MatMul$", "gate_up": r"/mlp/MatMul$",
                  "down_proj": r"/down_proj/MatMul$", "lm_head": r"/lm_head/MatMul$"}
-
 QUANTIZED = ("int8", "int4")          # weight-only: top-1 may differ from fp32; parity reports, never fails
 DEFAULT_OPSET = 17
 TOPK = 2
@@ -259,7 +259,8 @@ def _write_artifact(tmp: Path, module, cfg, tok, src: Path, L: int, precisions: 
     """Every file of the artifact, manifest last, into the empty folder ``tmp``; ``quant``: the
     options of each quantized precision (recorded in the manifest's ``quantization``);
     ``calibration``: the texts the int8 variant's smoothing is calibrated on (None: not smoothed).
-    int8 comes last, as its smoothing rewrites the module's weights in place (one copy in memory)."""
+    int8 comes last, as its smoothing rewrites the module's weights in place (one copy in memory);
+    an fp16 variant before it is then traced from a half-precision copy."""
     import onnx
     import torch
     t0 = time.time()
@@ -287,7 +288,9 @@ def _write_artifact(tmp: Path, module, cfg, tok, src: Path, L: int, precisions: 
                 graphs = _int8_variant({g: tmp for g in ("prefill", "verify")}, sub, quant["int8"])
         else:
             dtype = torch.float16 if prec == "fp16" else torch.float32
-            mod = module.to(dtype) if prec == "fp16" else module
+            # in place, and back to fp32 after it; a copy where int8's smoothing is still to come,
+            # which needs the fp32 weights exactly (a round trip through fp16 rounds them)
+            mod = (copy.deepcopy(module) if calibration else module).to(dtype) if prec == "fp16" else module
             graphs, bases = _trace_graphs(mod, cfg, L, dtype, opset, trace, pool)
         share_weights(graphs, sub, "weights.bin", bases=bases)
         shutil.rmtree(trace, ignore_errors=True)
@@ -303,7 +306,7 @@ def _write_artifact(tmp: Path, module, cfg, tok, src: Path, L: int, precisions: 
             if prec == "fp32":
                 raise
             parity_report[prec] = {"skipped": f"ONNX Runtime CPU could not run it here: {type(e).__name__}"}
-        if prec == "fp16":
+        if prec == "fp16" and mod is module:
             module = module.float()
     if tok.kind == "hf":
         tok.write_files(src, tmp)
