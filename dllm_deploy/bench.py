@@ -346,7 +346,7 @@ def run_bench(artifact: str, backends=("torch", "ort"), strategies=("vanilla", "
     if missing:
         raise UserError(f"{artifact}: no {missing[0]} variant (it has {', '.join(have)}): export with "
                         f"--precision fp32,{','.join(missing)}")
-    quantized = {p: Runtime.load(artifact=artifact, precision=p) for p in variants if {"ort", "cpp"} & set(backends)}
+    quantized = {p: Runtime.load(artifact=artifact, precision=p) for p in variants}   # only ort / cpp rows have them
     runtimes = {}
     for be in backends:
         if be == "ort":
