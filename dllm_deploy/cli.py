@@ -14,6 +14,7 @@ from pathlib import Path
 from .decode_rules import OPTIONS
 from .errors import UserError
 from .runtime.tree import DEFAULT_TREE, PRESETS
+from .profiles.memory import INT8_FP32_DEFAULT
 
 
 def _progress(total: int, label: str, enabled: bool):
@@ -180,9 +181,10 @@ def cmd_bench(a) -> int:
     fars = _csv(a.threshold_fars, float) if a.threshold_fars else []
     leads = _csv(a.threshold_leads, float) if a.threshold_leads else []
     precisions = list(dict.fromkeys(["fp32", *_csv(a.precisions)]))
-    bad = [p for p in precisions if p not in ("fp32", "fp16", "int8", "int4")]
+    from .profiles import PRECISIONS
+    bad = [p for p in precisions if p not in PRECISIONS]
     if bad:
-        raise UserError(f"unknown precision {bad[0]!r} (expected some of fp32, fp16, int8, int4)")
+        raise UserError(f"unknown precision {bad[0]!r} (expected some of {', '.join(PRECISIONS)})")
     if not 0 <= a.quality_budget < 1:
         raise UserError("--quality-budget is an accuracy difference in [0, 1) (0.01: one point)")
     total = (len(configurations(backends, strategies, widths, taus, a.tree, seeds, floors, fars, leads, precisions)) * a.repeats
@@ -541,7 +543,7 @@ def build_parser() -> argparse.ArgumentParser:
     x.add_argument("--int8-smooth", type=float, default=0.5, metavar="ALPHA",
                    help="int8: SmoothQuant strength in [0, 1], moving activation outliers into the weights before "
                         "quantization (0: none; default 0.5; docs/precision.md)")
-    x.add_argument("--int8-fp32", default="down_proj", metavar="PRODUCTS",
+    x.add_argument("--int8-fp32", default=",".join(INT8_FP32_DEFAULT), metavar="PRODUCTS",
                    help="int8: weight products kept in fp32, comma-separated from qkv, o_proj, gate_up, down_proj, "
                         "lm_head, or 'none' (default down_proj: the widest activations; docs/precision.md)")
     x.add_argument("--int8-calibration", default=None, metavar="FILE",
