@@ -167,6 +167,8 @@ class Config:
             extra += f" lead{self.threshold_lead}" if self.threshold_lead is not None else ""
         else:
             extra = " no-cache" if self.cache == "none" else ""
+        if self.cache not in ("auto", "none"):
+            extra += f" {self.cache}"
         if self.temperature > 0:
             extra += f" T{self.temperature} p{SAMPLING['top_p']} seed{self.seed}"
         if self.precision != "fp32":
@@ -202,9 +204,11 @@ def split_backend(item: str) -> tuple[str, list[str] | None]:
 
 
 def configurations(backends, strategies, beam_widths, thresholds, tree: str = DEFAULT_TREE, seeds=(),
-                   threshold_floors=(), threshold_fars=(), threshold_leads=(), precisions=("fp32",)) -> list[Config]:
-    """Every greedy configuration, each ONNX Runtime one (ort, cpp) once per precision variant in
-    ``precisions``, then (``seeds``) each cached one again sampling with each seed.
+                   threshold_floors=(), threshold_fars=(), threshold_leads=(), precisions=("fp32",),
+                   caches=("auto",)) -> list[Config]:
+    """Every greedy configuration, each threshold one once per cache mode in ``caches`` (``auto``:
+    the model's exact or prefix cache; e.g. ``delayed``), each ONNX Runtime one (ort, cpp) once per
+    precision variant in ``precisions``, then (``seeds``) each cached one again sampling with each seed.
     ``threshold_floors``: the threshold rule again with a dynamic tau from each threshold down to
     each floor below it; ``threshold_fars``: again with each far threshold at or above it (the
     positions past the first uncertain one need that confidence); ``threshold_leads``: again with
@@ -236,6 +240,9 @@ def configurations(backends, strategies, beam_widths, thresholds, tree: str = DE
                     out += [Config(be, "spd", beam_width=w, select="threshold", threshold=t, tree=tree) for t in thresholds]
             else:
                 raise UserError(f"unknown strategy {s!r} (expected some of {', '.join(STRATEGY_NAMES)})")
+    threshold = [c for c in out if c.strategy == "threshold"]
+    out = [c for c in out if c.strategy != "threshold" or "auto" in caches]
+    out += [replace(c, cache=m) for m in caches if m != "auto" for c in threshold]
     out += [replace(c, precision=p) for p in precisions if p != "fp32" for c in list(out) if c.backend in ("ort", "cpp")]
     return out + [replace(c, temperature=SAMPLING["temperature"], seed=s) for s in seeds for c in out if c.cache != "none"]
 
@@ -323,7 +330,7 @@ def run_bench(artifact: str, backends=("torch", "ort"), strategies=("vanilla", "
               gen_length: int = 256, tree: str = DEFAULT_TREE, batch_size: int = 1, cost_repeats: int = 5,
               memory: bool = False, device: str = "cpu", progress=None, seeds=(), threshold_floors=(), threshold_fars=(),
               threshold_leads=(), precisions=("fp32",),
-              quality_budget: float = 0.01) -> dict:
+              quality_budget: float = 0.01, caches=("auto",)) -> dict:
     from .evals import tasks
     from .evals.harness import run_eval
     from .profiles.memory import estimate_bytes
@@ -337,7 +344,7 @@ def run_bench(artifact: str, backends=("torch", "ort"), strategies=("vanilla", "
     from .profiles import get_profile
     prof, reasons, _ = get_profile("auto")
     configs = configurations(backends, strategies, beam_widths, thresholds, tree, seeds, threshold_floors, threshold_fars,
-                             threshold_leads, precisions)
+                             threshold_leads, precisions, caches)
     backends = list(dict.fromkeys(split_backend(b)[0] for b in backends))
     ort_rt = Runtime.load(artifact=artifact, precision="fp32")
     variants = sorted({c.precision for c in configs} - {"fp32"})
@@ -558,6 +565,8 @@ def overlay_profile(tuned: dict, base_profile, bench_json: str | None) -> dict:
     """A user profile that extends ``base_profile`` with the tuned decode defaults."""
     p = tuned["pick"]
     picked = {**Config(**{f.name: p[f.name] for f in fields(Config) if f.name in p}).decode_kwargs(0), "beam_width": int(p["beam_width_used"])}
+    if picked["cache"] == "auto":        # the model's own cache: nothing to write
+        del picked["cache"]
     decode = {**base_profile.decode, **{k: picked[k] for k in PROFILE_DEFAULT_KEYS if k in picked}}
     return {"name": f"{base_profile.name}-tuned", "description": f"{base_profile.name} with decode defaults from bench --tune",
             "priority": base_profile.priority + 1, "match": dict(base_profile.match), "backends": list(base_profile.backends),

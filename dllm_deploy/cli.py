@@ -187,14 +187,20 @@ def cmd_bench(a) -> int:
         raise UserError(f"unknown precision {bad[0]!r} (expected some of {', '.join(PRECISIONS)})")
     if not 0 <= a.quality_budget < 1:
         raise UserError("--quality-budget is an accuracy difference in [0, 1) (0.01: one point)")
-    total = (len(configurations(backends, strategies, widths, taus, a.tree, seeds, floors, fars, leads, precisions)) * a.repeats
+    caches = list(dict.fromkeys(_csv(a.caches)))
+    from .runtime.loop import CACHE_MODES
+    bad = [m for m in caches if m not in CACHE_MODES]
+    if bad:
+        raise UserError(f"unknown cache mode {bad[0]!r} (expected some of {', '.join(CACHE_MODES)})")
+    total = (len(configurations(backends, strategies, widths, taus, a.tree, seeds, floors, fars, leads, precisions, caches))
+             * a.repeats
              + len(backends) + len(precisions) - 1)
     bar = _progress(total, "bench", sys.stderr.isatty() and not a.quiet)
     res = run_bench(a.artifact, backends, strategies, widths, taus, families, n=a.n, repeats=a.repeats,
                     gen_length=a.gen_length, tree=a.tree, batch_size=a.batch_size, memory=a.memory,
                     cost_repeats=3 if a.quick else 5, device=a.device, progress=bar, seeds=seeds,
                     threshold_floors=floors, threshold_fars=fars,
-                    threshold_leads=leads, precisions=precisions, quality_budget=a.quality_budget)
+                    threshold_leads=leads, precisions=precisions, quality_budget=a.quality_budget, caches=caches)
     if a.tune:
         from .profiles import get_profile
         from .bench import split_backend
@@ -580,6 +586,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="artifact variants the ONNX Runtime configurations (ort, cpp) run in, e.g. fp32,int8 (fp32 "
                         "always): each quantized one is a configuration of its own, so the equal-quality pick and "
                         "--tune choose the precision too")
+    b.add_argument("--caches", default="auto",
+                   help="cache modes of the threshold configurations, e.g. auto,delayed (auto: the model's exact "
+                        "or prefix cache; delayed: block-causal models' approximate in-block cache)")
     b.add_argument("--tasks", default=None, help="comma-separated families (default: all six)")
     b.add_argument("--n", type=int, default=5, help="prompts per family")
     b.add_argument("--repeats", type=int, default=3, help="interleaved repeats (medians reported)")

@@ -238,6 +238,31 @@ def test_precisions_are_configurations_of_their_own(tiny_artifact, tmp_path):
     assert overlay["precision"] == "int8" and overlay["tuned"]["pick"] == "ort:threshold tau0.9 int8"
 
 
+def test_cache_modes_are_configurations_of_their_own(tiny_artifact, capsys):
+    """--caches: the threshold configurations again in each cache mode (vanilla and spd are not);
+    the run decodes each in its mode, and --tune's overlay carries the pick's cache mode."""
+    cs = bench.configurations(["torch:vanilla", "ort"], ["vanilla", "threshold", "spd"], [4], [0.9], caches=["auto", "delayed"],
+                              precisions=["fp32", "int8"])
+    labels = [c.label for c in cs]
+    assert labels[:3] == ["torch:vanilla no-cache", "ort:vanilla no-cache", "ort:threshold tau0.9"]
+    assert "ort:threshold tau0.9 delayed" in labels and "ort:threshold tau0.9 delayed int8" in labels
+    assert not any("spd" in x and "delayed" in x for x in labels)
+    only = bench.configurations(["ort"], ["threshold"], [4], [0.9], caches=["delayed"])
+    assert [c.label for c in only] == ["ort:threshold tau0.9 delayed"] and only[0].decode_kwargs(64)["cache"] == "delayed"
+    res = bench.run_bench(str(tiny_artifact[0]), backends=["ort"], strategies=["threshold"], beam_widths=[1],
+                          thresholds=[0.9], families=["upper"], n=1, repeats=1, gen_length=64, cost_repeats=1,
+                          caches=["auto", "delayed"])
+    exact, delayed = res["runs"]
+    assert (exact["cache"], delayed["cache"]) == ("auto", "delayed") and delayed["tokens"] > 0
+    ref = _run("ref", "vanilla", 10.0, 0.9, backend="torch", cache="none")
+    picked = {**_run("ort:threshold tau0.9 delayed", "threshold", 100.0, 0.9, cache="delayed"), "beam_width_used": 1}
+    from dllm_deploy.profiles import get_profile, parse_profile
+    overlay = bench.overlay_profile(bench.tune({"runs": [ref, picked]}), get_profile("auto")[0], None)
+    assert overlay["decode"]["cache"] == "delayed" and parse_profile(overlay, "overlay").decode["cache"] == "delayed"
+    assert main(["bench", "--artifact", str(tiny_artifact[0]), "--caches", "auto,triple", "--quiet"]) == 2
+    assert "unknown cache mode 'triple'" in capsys.readouterr().err
+
+
 def test_bench_refuses_a_precision_the_artifact_lacks(tiny_artifact, capsys):
     assert main(["bench", "--artifact", str(tiny_artifact[0]), "--precisions", "fp16", "--quiet"]) == 2
     assert "no fp16 variant" in capsys.readouterr().err

@@ -112,7 +112,7 @@ def test_cli_flags_are_the_declaration():
 def test_profile_keys_are_the_declaration():
     assert list(_DECODE) == list(PROFILE_KEYS)
     assert set(PROFILE_DEFAULT_KEYS) == {"strategy", "beam_width", "threshold", "threshold_floor", "threshold_far", "threshold_lead",
-                                      "select", "base", "tree"}
+                                      "select", "base", "tree", "cache"}
     assert set(PROFILE_KEYS) - set(PROFILE_DEFAULT_KEYS) == {"block_length", "max_beam_width", "max_seq", "batch"}
     base = {"name": "p", "match": {"kind": "cpu"}, "backends": ["CPUExecutionProvider"]}
     with pytest.raises(OptionError) as e:
@@ -128,7 +128,7 @@ def test_bench_overlay_writes_profile_default_keys_only():
     run = {"label": "x", "backend": "ort", "strategy": "spd", "beam_width": 8, "beam_width_used": 4, "threshold": 0.8,
            "select": "lossless", "base": "threshold", "cache": "auto", "tree": "wide", "tokens_per_s": 1.0}
     for strategy, width, floor, far, lead, written in [
-            ("spd", 4, None, None, None, set(PROFILE_DEFAULT_KEYS) - {"threshold_floor", "threshold_far", "threshold_lead"}),
+            ("spd", 4, None, None, None, set(PROFILE_DEFAULT_KEYS) - {"threshold_floor", "threshold_far", "threshold_lead", "cache"}),
             ("threshold", 1, None, None, None, {"strategy", "threshold", "beam_width"}),
             ("threshold", 1, 0.7, None, None, {"strategy", "threshold", "threshold_floor", "beam_width"}),
             ("threshold", 1, None, 0.9999, None, {"strategy", "threshold", "threshold_far", "beam_width"}),

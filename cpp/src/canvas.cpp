@@ -186,6 +186,42 @@ Plan commit_next(const Prefix& prefix, const int64_t* block, const int64_t* nxt,
   return mode == CacheMode::kExact ? plan : recomputed(prefix, plan);
 }
 
+Plan held_verify(const Prefix& prefix, const std::vector<uint8_t>& held, size_t e, const int64_t* block,
+                 const uint8_t* fresh, size_t n, int64_t mask_id, int64_t pad_id) {
+  const size_t b = prefix.rows, p = prefix.length;
+  size_t f = 0, m = 0;  // the batch's most fresh and most masked positions
+  for (size_t r = 0; r < b; ++r) {
+    size_t fr = 0, mr = 0;
+    for (size_t i = 0; i < n; ++i) fr += fresh[r * n + i] != 0, mr += block[r * n + i] == mask_id;
+    f = std::max(f, fr), m = std::max(m, mr);
+  }
+  const size_t t = f + m, c = p + e;
+  std::vector<int64_t> ids(b * t, pad_id), pos(b * t), read(b * n, 0);
+  std::vector<uint8_t> real(b * t, 0), mask(b * t * (c + t), 0);
+  for (size_t r = 0; r < b; ++r) {
+    size_t at = 0, am = f;
+    const int64_t first = prefix.next_position(r, 0);
+    for (size_t i = 0; i < t; ++i) pos[r * t + i] = first;  // a pad sits at the block's start
+    for (size_t i = 0; i < n; ++i) {
+      const bool is_fresh = fresh[r * n + i] != 0, masked = block[r * n + i] == mask_id;
+      if (!is_fresh && !masked) continue;
+      const size_t col = is_fresh ? at++ : am++;
+      ids[r * t + col] = block[r * n + i], pos[r * t + col] = prefix.next_position(r, i), real[r * t + col] = 1;
+      if (masked) read[r * n + i] = int64_t(col);
+    }
+    for (size_t i = 0; i < t; ++i) {
+      uint8_t* row = &mask[(r * t + i) * (c + t)];
+      const bool ri = real[r * t + i] != 0;
+      for (size_t j = 0; j < p; ++j) row[j] = ri && prefix.valid[r * p + j];
+      for (size_t j = 0; j < e; ++j) row[p + j] = ri && held[r * e + j];
+      for (size_t j = 0; j < t; ++j) row[c + j] = (ri && real[r * t + j]) || i == j;
+    }
+  }
+  Plan plan = make(b, t, c, std::move(ids), std::move(pos), std::move(mask), f, PlanCache::kReuse, 1, n, std::move(read));
+  plan.per_row = true;
+  return plan;
+}
+
 Plan refresh(const Prefix& prefix, const int64_t* block, size_t n, size_t suffix_len, int64_t mask_id,
              CacheMode mode, bool anchor) {
   const size_t a = anchored(anchor, mode), b = prefix.rows, p = prefix.length, s = suffix_len, t = p + n + s;

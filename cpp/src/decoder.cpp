@@ -29,12 +29,20 @@ BlockStatus block_status(const int64_t* tokens, size_t n, int64_t mask_id, int64
   return {std::find(tokens, end, mask_id) == end, -1};
 }
 
+// Mode delayed is exact at block boundaries: the prompt's prefill and each commit.
+CacheMode exact_at_boundary(CacheMode mode) { return mode == CacheMode::kDelayed ? CacheMode::kExact : mode; }
+
 }  // namespace
 
 CacheMode resolve_cache(const std::string& mode, const std::string& attention, int width) {
-  if (mode != "none" && mode != "prefix" && mode != "dual" && mode != "exact" && mode != "auto")
-    user_error("unknown cache mode " + quoted(mode) + " (expected one of none, prefix, dual, exact, auto)");
+  if (mode != "none" && mode != "prefix" && mode != "dual" && mode != "exact" && mode != "delayed" && mode != "auto")
+    user_error("unknown cache mode " + quoted(mode) + " (expected one of none, prefix, dual, exact, delayed, auto)");
   const bool block_causal = attention == "block_causal";
+  if (mode == "delayed" && !block_causal)
+    user_error("cache mode 'delayed' needs a block-causal model; 'dual' is the approximate cache of a bidirectional one");
+  if (mode == "delayed" && width > 1)
+    user_error("cache mode 'delayed' verifies one branch per forward: use beam width 1, or cache 'exact' for spd");
+  if (mode == "delayed") return CacheMode::kDelayed;
   if (mode == "auto") return block_causal ? CacheMode::kExact : CacheMode::kPrefix;
   if (mode == "exact" && !block_causal)
     user_error("cache mode 'exact' needs a block-causal model; use 'prefix' or 'none' for a bidirectional one");
@@ -276,6 +284,8 @@ void Engine::size_buffers(const std::vector<std::vector<int64_t>>& prompts, size
                none ? 0 : N - L, none ? 0 : N);
   else if (none)
     be.reserve(b, N - L + std::max(W * L, 2 * L), 0, 0);
+  else if (mode == CacheMode::kDelayed)  // held keys: at most L per step of the block, each a batch's widest
+    be.reserve(b, std::max(p + L, 2 * L), N + std::min(b, L) * L, N + std::min(b, L) * L + 2 * L);
   else
     be.reserve(b, std::max({p + L, W * L, 2 * L}), N, N);
   rows_.resize(b);
@@ -291,6 +301,9 @@ void Engine::size_buffers(const std::vector<std::vector<int64_t>>& prompts, size
   branch_steps_.resize(b * W);
   step_.resize(b);
   full_.resize(b);
+  cached_.resize(b * L);
+  fresh_.resize(b * L);
+  held_.clear(), held_len_ = 0;
   be.clear_cache();
 }
 
@@ -299,7 +312,7 @@ void Engine::size_buffers(const std::vector<std::vector<int64_t>>& prompts, size
 void Engine::first_block() {
   std::fill(state_.begin(), state_.end(), mask_id_);
   const Plan plan = bidi_ ? refresh(prefix_, state_.data(), L_, suffix_len(0), mask_id_, mode_, anchor_)
-                          : detail::first_block(prefix_, state_.data(), L_, mode_);
+                          : detail::first_block(prefix_, state_.data(), L_, exact_at_boundary(mode_));
   run_plan(plan, nullptr, fi_.data(), fp_.data());
 }
 
@@ -313,6 +326,7 @@ void Engine::decode_block(size_t k, Policy& policy, std::vector<RowResult>& out)
   const int k_int = static_cast<int>(K);
   std::fill_n(step_.begin(), b, 0);
   std::fill_n(full_.begin(), b, 0);
+  std::fill_n(cached_.begin(), b * L, 0);
   for (;;) {
     for (size_t r = 0; r < b; ++r) {
       int64_t* block = state_.data() + r * L;
@@ -324,10 +338,13 @@ void Engine::decode_block(size_t k, Policy& policy, std::vector<RowResult>& out)
     if (report(out)) return;
     bool waiting = true;
     for (size_t r = 0; r < b; ++r) full_[r] |= stopped_[rows_[r]], waiting &= full_[r] != 0;
-    if (waiting) return;
+    if (waiting) return drop_held();
     for (size_t r = 0; r < b; ++r)
       for (size_t w = 0; w < W; ++w) branch_steps_[r * W + w] = step_[r] + depths_[w] + 1;
-    run_plan(verify_plan(k), branch_steps_.data(), vi_.data(), vp_.data());
+    if (mode_ == CacheMode::kDelayed)
+      held_verify_run(branch_steps_.data());
+    else
+      run_plan(verify_plan(k), branch_steps_.data(), vi_.data(), vp_.data());
     for (size_t r = 0; r < b; ++r) {
       if (full_[r]) continue;
       int64_t steps = 0;
@@ -376,6 +393,31 @@ Plan Engine::verify_plan(size_t k) const {
   return tree_verify(prefix_, nodes_.data(), W_, L_, mode_);
 }
 
+// Mode delayed (loop.py::_Run._held_verify): f(node 0) over the prefix and the block's held keys;
+// the positions committed since the last call join the held keys.
+void Engine::held_verify_run(const int64_t* steps) {
+  const size_t b = B(), L = L_;
+  for (size_t i = 0; i < b * L; ++i) fresh_[i] = nodes_[i] != mask_id_ && !cached_[i];  // W = 1: nodes_ is (B,L)
+  const Plan plan = held_verify(prefix_, held_, held_len_, nodes_.data(), fresh_.data(), L, mask_id_,
+                                manifest_.model.pad_token_id);
+  run_plan(plan, steps, vi_.data(), vp_.data());
+  const size_t e = held_len_, f = plan.keep;
+  std::vector<uint8_t> held(b * (e + f), 0);
+  for (size_t r = 0; r < b; ++r) {
+    std::copy_n(held_.begin() + long(r * e), e, held.begin() + long(r * (e + f)));
+    size_t slot = 0;
+    for (size_t i = 0; i < L; ++i)
+      if (fresh_[r * L + i]) held[r * (e + f) + e + slot++] = 1, cached_[r * L + i] = 1;
+  }
+  held_.swap(held), held_len_ = e + f;
+}
+
+void Engine::drop_held() {
+  if (!held_len_) return;
+  backend_->truncate(backend_->cache_length() - held_len_);
+  held_.clear(), held_len_ = 0;
+}
+
 // Block k joins the prefix; the next block's states (all masks) and f of them (loop.py::
 // _Run.next_block): one fused forward commits the blocks' KV (block-causal), or one forward over
 // the canvas refreshes the cache (bidirectional).
@@ -386,7 +428,7 @@ void Engine::next_block(size_t k) {
     prefix_.extend(state_.data(), L_);
     plan = refresh(prefix_, nxt.data(), L_, suffix_len(k + 1), mask_id_, mode_, anchor_);
   } else {
-    plan = commit_next(prefix_, state_.data(), nxt.data(), L_, mode_);
+    plan = commit_next(prefix_, state_.data(), nxt.data(), L_, exact_at_boundary(mode_));
     prefix_.extend(state_.data(), L_);
   }
   std::copy(nxt.begin(), nxt.end(), state_.begin());
@@ -411,10 +453,10 @@ void Engine::run_plan(const Plan& plan, const int64_t* steps, int64_t* top_ids, 
     be.prefill(plan.tokens, plan.keep);
   else
     be.verify(plan.tokens);
-  const size_t K = K_, T = plan.tokens, R = plan.read.size();
+  const size_t K = K_, T = plan.tokens, R = plan.branches * plan.length;
   for (size_t r = 0; r < plan.rows; ++r)
     for (size_t i = 0; i < R; ++i) {
-      const size_t col = r * T + static_cast<size_t>(plan.read[i]);
+      const size_t col = r * T + static_cast<size_t>(plan.read[(plan.per_row ? r * R : 0) + i]);
       std::copy_n(be.top_ids() + col * K, K, top_ids + (r * R + i) * K);
       std::copy_n(be.top_probs() + col * K, K, top_probs + (r * R + i) * K);
     }
@@ -431,7 +473,8 @@ void Engine::fill_noise(const Plan& plan, const int64_t* steps) {
   if (steps)
     for (size_t r = 0; r < plan.rows; ++r)
       for (size_t w = 0; w < W; ++w)
-        for (size_t l = 0; l < G; ++l) col_steps_[r * T + static_cast<size_t>(plan.read[w * G + l])] = steps[r * W + w];
+        for (size_t l = 0; l < G; ++l)
+          col_steps_[r * T + static_cast<size_t>(plan.read[(plan.per_row ? r * W * G : 0) + w * G + l])] = steps[r * W + w];
   for (size_t i = 0; i < n; ++i) u[i] = sample_uniform(seed_, request_, plan.positions[i], col_steps_[i]);
 }
 

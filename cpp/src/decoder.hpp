@@ -96,6 +96,8 @@ class Engine {
   bool finish_block(size_t k);  // the rows' tokens kept; the finished rows leave; true: some row goes on
   void next_block(size_t k);
   Plan verify_plan(size_t k) const;
+  void held_verify_run(const int64_t* steps);  // mode delayed's verify forward (held_verify)
+  void drop_held();                            // the held keys leave the cache
   size_t suffix_len(size_t k) const { return bidi_ ? (n_blocks_ - k - 1) * L_ : 0; }
   size_t B() const { return rows_.size(); }
   // steps (B,W): the base-rule step each of the plan's branches serves (noise.hpp; NULL: a
@@ -140,6 +142,11 @@ class Engine {
   std::vector<float> vp_;        // (B,W,L,K) f(nodes): top probabilities
   std::vector<int64_t> step_;    // (B,) rule steps taken in the block
   std::vector<uint8_t> full_;    // (B,) the row's block is full (or ended) or the row stopped
+  // mode delayed: the block's held keys after the prefix in the cache, and its positions' state
+  std::vector<uint8_t> held_;    // (B,E) 0: a pad slot
+  size_t held_len_ = 0;          // E
+  std::vector<uint8_t> cached_;  // (B,L) the position's KV is held
+  std::vector<uint8_t> fresh_;   // (B,L) committed, KV not held yet
 };
 
 }  // namespace dllm::detail

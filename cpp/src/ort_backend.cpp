@@ -297,6 +297,15 @@ void OrtBackend::keep_rows(const std::vector<size_t>& idx) {
 }
 
 void OrtBackend::clear_cache() { impl_->cache_len = 0; }
+
+void OrtBackend::truncate(size_t n) {
+  Impl& s = *impl_;
+  if (n >= s.cache_len) return;
+  const size_t d = static_cast<size_t>(s.d), heads = s.rows * static_cast<size_t>(s.hkv), P = s.cache_len;
+  for (auto& b : s.past)  // (B*Hkv, P, D) -> (B*Hkv, n, D) in place, front to back
+    for (size_t h = 1; h < heads; ++h) std::memmove(b.data() + h * n * d, b.data() + h * P * d, n * d * sizeof(float));
+  s.cache_len = n;
+}
 size_t OrtBackend::cache_length() const { return impl_->cache_len; }
 size_t OrtBackend::rows() const { return impl_->rows; }
 int OrtBackend::topk() const { return impl_->k; }

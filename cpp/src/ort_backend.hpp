@@ -41,6 +41,7 @@ class OrtBackend {
   void reserve(size_t rows, size_t max_tokens, size_t max_past, size_t max_present);
   void clear_cache();
   size_t cache_length() const;
+  void truncate(size_t n);  // only the first n cached positions stay
   size_t rows() const;
   int topk() const;
   // Only the rows idx (ascending indices of the current rows) go on, their cache with them.

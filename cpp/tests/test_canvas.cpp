@@ -58,6 +58,11 @@ CacheMode mode_of(const std::string& m) {
 // The named builder over the recorded inputs.
 Plan build(const std::string& builder, const json& in) {
   const Prefix prefix = prefix_of(in["prefix"]);
+  if (builder == "held_verify") {
+    const std::vector<int64_t> block = flat<int64_t>(in["block"]);
+    return held_verify(prefix, flat<uint8_t>(in["held"]), in["held"][0].size(), block.data(),
+                       flat<uint8_t>(in["fresh"]).data(), in["block"][0].size(), in["mask_id"], in["pad_id"]);
+  }
   const CacheMode mode = mode_of(in["mode"]);
   if (builder == "tree_verify" || builder == "canvas_verify") {
     const std::vector<int64_t> nodes = flat<int64_t>(in["nodes"]);
@@ -90,7 +95,8 @@ std::string differences(const Plan& got, const json& want) {
   check(got.mask == mask, "mask");
   check(got.keep == want["keep"].get<size_t>(), "keep");
   check(cache_name(got.cache) == want["cache"].get<std::string>(), "cache");
-  check(got.read == flat<int64_t>(want["read"]) && got.branches == want["read"].size(), "read");
+  check(got.read == flat<int64_t>(want["read"]) &&
+            got.branches == (got.per_row ? want["read"][0].size() : want["read"].size()), "read");
   return d;
 }
 

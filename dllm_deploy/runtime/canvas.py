@@ -5,15 +5,20 @@ and the block being decoded. Nothing here runs a model (numpy only): the loop ru
 ``PrefixState.run`` (prefix.py), the C++ runtime mirrors these builders, and
 tests/cpp/fixtures/ hold plans dumped from them.
 
-    block-causal model (cache exact | none)     bidirectional model (LLaDA, Dream: none | prefix | dual)
-    first_block    [prompt | block]              refresh        [prefix | block | suffix]
-    tree_verify    W branches of the block                        dual: [prefix | suffix | block]
-    commit_next    [block | next block]          canvas_verify  W branches [anchor | node | suffix]
+    block-causal model (cache exact | none | delayed)   bidirectional model (LLaDA, Dream: none | prefix | dual)
+    first_block    [prompt | block]                   refresh        [prefix | block | suffix]
+    tree_verify    W branches of the block                             dual: [prefix | suffix | block]
+    commit_next    [block | next block]               canvas_verify  W branches [anchor | node | suffix]
+    held_verify    delayed: [fresh | masked] of the block
 
 Block-causal attention makes a finished block's KV final, so ``exact`` caches it once; mode
 ``none`` feeds the prefix again in every call. A bidirectional canvas ends in the suffix of
 masks up to the generation budget: ``prefix`` caches the prefix at each block's start, ``dual``
-the prefix and the suffix, ``none`` feeds the whole canvas every time. Dream predicts position i
+the prefix and the suffix, ``none`` feeds the whole canvas every time. ``delayed`` (block-causal,
+W = 1) is exact at block boundaries and approximate inside a block: a committed position's KV is
+cached by the first verify call after its commit (it is fed once with its token), and later calls
+feed only the positions committed since the last call and the masked ones (dKV-Cache's delayed
+caching); those in-block keys are dropped when the block is committed. Dream predicts position i
 from row i - 1 (shifted logits): under ``prefix``/``dual`` the prefix's last token (the anchor)
 stays out of the cache and rides just before the block in every call.
 
@@ -93,7 +98,7 @@ class Plan:
     mask: np.ndarray         # (B,1,T,C+T) True: may attend; keys are [cache | fed tokens]
     keep: int                # fed tokens (from the front) whose KV the cache keeps; 0: verify only
     cache: str               # "reuse" the rows' cache, start a "new" one (refresh), or a "scratch" one (mode none)
-    read: np.ndarray         # (W,L) output column of each branch position: results are (B,W,L,K)
+    read: np.ndarray         # (W,L) output column of each branch position, or (B,W,L) per row: results are (B,W,L,K)
 
 
 def _attend(valid: np.ndarray, blocks: np.ndarray) -> np.ndarray:
@@ -207,3 +212,36 @@ def canvas_verify(prefix: Prefix, nodes: np.ndarray, suffix_len: int, mask_id: i
     cached = np.concatenate([prefix.valid[:, :p - a], np.ones((b, suffix_len - fed), dtype=bool)], axis=1)
     return Plan(ids.reshape(b, w * g), np.tile(pos, (1, w)), _over_cache(cached, tree_mask(0, g, w)),
                 keep=0, cache="reuse", read=g * np.arange(w)[:, None] + a + np.arange(n))
+
+
+
+def held_verify(prefix: Prefix, held: np.ndarray, block: np.ndarray, fresh: np.ndarray, mask_id: int,
+                pad_id: int) -> Plan:
+    """Block-causal, cache mode ``delayed`` (W = 1): the block state (B,L) over a cache of the
+    prefix and ``held`` (B,E) in-block keys (False: a pad slot). Each row feeds [its fresh
+    positions | its masked positions], each part right-padded to the batch's longest, and the
+    cache keeps the fresh part. ``fresh`` (B,L): committed positions whose KV is not cached yet.
+    A fed token attends the valid cache and the row's fed tokens (one block: bidirectional); a
+    pad attends only itself. Reads (B,1,L): each masked position's column (a W = 1 rule reads no
+    other position; the rest read column 0)."""
+    b, n = block.shape
+    parts = [fresh, block == mask_id]                                             # (B,L) each
+    width = [max(int(x.sum(axis=1).max()), 0) for x in parts]                     # F, M
+    t = sum(width)
+    src = np.zeros((b, t), dtype=np.int64)                                        # block position per column
+    real = np.zeros((b, t), dtype=bool)
+    read = np.zeros((b, 1, n), dtype=np.int64)
+    for r in range(b):
+        at = 0
+        for part, w in zip(parts, width):
+            cols = np.flatnonzero(part[r])
+            src[r, at:at + cols.size], real[r, at:at + cols.size] = cols, True
+            if part is parts[1]:
+                read[r, 0, cols] = at + np.arange(cols.size)
+            at += w
+    ids = np.where(real, np.take_along_axis(block, src, axis=1), pad_id)          # (B,T)
+    pos = np.take_along_axis(prefix.next_positions(n), src, axis=1)               # (B,T)
+    new = real[:, None, :] & real[:, :, None] | np.eye(t, dtype=bool)             # (B,T,T)
+    cached = np.concatenate([prefix.valid, held], axis=1)                         # (B,P+E)
+    mask = np.concatenate([cached[:, None, :] & real[:, :, None], new], axis=-1)  # (B,T,P+E+T)
+    return Plan(ids, pos, mask[:, None], keep=width[0], cache="reuse", read=read)

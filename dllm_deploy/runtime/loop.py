@@ -40,7 +40,7 @@ from .stream import RowText
 from .strategies import DecodeConfig, Policy
 from .tree import node_depths
 
-CACHE_MODES = ("none", "prefix", "dual", "exact", "auto")
+CACHE_MODES = ("none", "prefix", "dual", "exact", "delayed", "auto")
 
 
 @dataclass
@@ -74,6 +74,10 @@ def resolve_cache(mode: str, attention: str, width: int) -> str:
         raise UserError("cache mode 'exact' needs a block-causal model; use 'prefix' or 'none' for a bidirectional one")
     if mode == "none" and attention != "block_causal" and width > 1:
         raise UserError("cache mode 'none' on a bidirectional model verifies one branch per forward: use beam width 1, 'prefix' or 'dual'")
+    if mode == "delayed" and attention != "block_causal":
+        raise UserError("cache mode 'delayed' needs a block-causal model; 'dual' is the approximate cache of a bidirectional one")
+    if mode == "delayed" and width > 1:
+        raise UserError("cache mode 'delayed' verifies one branch per forward: use beam width 1, or cache 'exact' for spd")
     if mode in ("prefix", "dual") and attention == "block_causal":
         return "exact"  # for a block-causal model the prefix cache is exact and there is no suffix to cache
     return mode
@@ -100,6 +104,7 @@ class _Run:
         self.mask_id, self.eos_id, self.anchor = config.mask_token_id, config.eos_token_id, config.shift_logits
         self.pad_id = config.pad_token_id
         self.bidi = config.attention != "block_causal"   # LLaDA / Dream: the canvas carries the suffix of masks
+        self.bc_mode = "exact" if mode == "delayed" else mode   # delayed: exact at block boundaries
         self.join = join if joins(backend, mode) else None
         self.gen: list[list[int]] = []
         self.options: list[RowOptions] = []     # each row's, in row order
@@ -114,7 +119,8 @@ class _Run:
         """The PrefixState of new rows, numbered after the rows so far."""
         prefix = canvas.Prefix.of_prompts(encoded, self.pad_id)
         width = prefix.ids.shape[1] + self.n_blocks * self.L
-        state = PrefixState(self.backend, prefix, width if self.mode == "exact" else 0, rows)
+        cached = {"exact": width, "delayed": width + self.L}.get(self.mode, 0)    # delayed: a block's held keys too
+        state = PrefixState(self.backend, prefix, cached, rows)
         state.rows = state.rows + len(self.gen)
         now, span = time.perf_counter(), self.n_blocks * self.L
         for o in rows:
@@ -194,7 +200,7 @@ class _Run:
         if self.bidi:
             plan = canvas.refresh(prefix, block, self._suffix_len(0), self.mask_id, self.mode, self.anchor)
         else:
-            plan = canvas.first_block(prefix, block, self.mode)
+            plan = canvas.first_block(prefix, block, self.bc_mode)
         return (block, *self._forward(plan, state))
 
     def next_block(self, k: int, block: np.ndarray):
@@ -204,7 +210,7 @@ class _Run:
             self.state.extend(block)
             plan = canvas.refresh(self.state.prefix, nxt, self._suffix_len(k + 1), self.mask_id, self.mode, self.anchor)
         else:
-            plan = canvas.commit_next(self.state.prefix, block, nxt, self.mode)
+            plan = canvas.commit_next(self.state.prefix, block, nxt, self.bc_mode)
             self.state.extend(block)
         return (nxt, *self._forward(plan))
 
@@ -217,6 +223,18 @@ class _Run:
                                                        self.mode, self.anchor), steps)
         return self.state.run(canvas.tree_verify(prefix, nodes, self.mode), steps)
 
+    def _held_verify(self, nodes: np.ndarray, cached: np.ndarray, steps: np.ndarray):
+        """Cache mode delayed: f(node 0) (B,1,L,K) over the prefix and the block's held keys;
+        the positions committed since the last call join the held keys (``cached`` (B,L) bool,
+        updated in place)."""
+        state = nodes[:, 0]
+        fresh = (state != self.mask_id) & ~cached                                   # (B,L)
+        plan = canvas.held_verify(self.state.prefix, self.state.held, state, fresh, self.mask_id, self.pad_id)
+        out = self.state.run(plan, steps)
+        self.state.hold(np.arange(plan.keep)[None] < fresh.sum(axis=1)[:, None])
+        cached |= fresh
+        return out
+
     def decode_block(self, k: int, block: np.ndarray, f_ids: np.ndarray, f_probs: np.ndarray) -> Iterator[list]:
         """Fills block k (B,L) in place, f_ids/f_probs (B,L,K) following, until every row's block
         is full or ended; reports after every forward, once node 0 (the base rule's step from its
@@ -224,6 +242,7 @@ class _Run:
         b, policy = len(block), self.policy
         step = np.zeros(b, dtype=np.int64)                                         # rule steps taken
         done = np.zeros(b, dtype=bool)                                             # block full (or EOS)
+        cached = np.zeros(block.shape, dtype=bool)                                 # mode delayed: held positions
         while True:
             drafts = [policy.plan(block[r], f_ids[r], f_probs[r], int(step[r])) for r in range(b)]
             nodes = np.stack([d[0] for d in drafts])                                # (B,W,L)
@@ -234,9 +253,14 @@ class _Run:
             done |= np.isin(self.state.rows, list(self.stopped))
             need = np.flatnonzero(~done)
             if not need.size:
+                if self.mode == "delayed":
+                    self.state.drop_held()
                 return
             serves = np.stack([step[r] + 1 + np.asarray(node_depths(d[1])) for r, d in enumerate(drafts)])   # (B,W)
-            v_ids, v_probs = self._verify(k, nodes, serves)                          # (B,W,L,K)
+            if self.mode == "delayed":
+                v_ids, v_probs = self._held_verify(nodes, cached, serves)             # (B,1,L,K)
+            else:
+                v_ids, v_probs = self._verify(k, nodes, serves)                      # (B,W,L,K)
             for r in need:
                 cur, steps = policy.select(nodes[r], drafts[r][1], v_ids[r], v_probs[r], int(step[r]))
                 st = self.stats[self.state.rows[r]]
@@ -263,7 +287,7 @@ def joins(backend, mode: str) -> bool:
     blocks are final, on a backend whose cache can be padded and stacked (ONNX Runtime, torch).
     A bidirectional canvas ends in a suffix as long as the rows' remaining budget, which rows
     at different blocks do not share: there, new rows wait for the next batch."""
-    return mode == "exact" and getattr(backend, "joins_batches", False)
+    return mode in ("exact", "delayed") and getattr(backend, "joins_batches", False)
 
 
 class Decoder:

@@ -59,12 +59,13 @@ class PrefixState:
     original row."""
 
     def __init__(self, backend, prefix: Prefix, capacity: int = 0, options: list[RowOptions] | None = None):
-        """``capacity``: positions of a cache that lives through the whole decode (mode exact);
+        """``capacity``: positions of a cache that lives through the whole decode (modes exact, delayed);
         0 when the calls bring their own (a refresh's new cache, mode none's scratch ones).
         ``options``: each row's; the calls are greedy (no sampling inputs) when no row samples."""
         self.backend, self.prefix = backend, prefix
         self.rows = np.arange(len(prefix.ids))
         self.cache = backend.new_cache(len(self.rows), capacity) if capacity else None
+        self.held = np.zeros((len(self.rows), 0), dtype=bool)    # (B,E) in-block keys after the prefix (mode delayed)
         self.sampling = RowSampling(options) if options and any(o.sampling for o in options) else None
 
     def keep(self, live: np.ndarray) -> None:
@@ -72,7 +73,7 @@ class PrefixState:
         idx = np.flatnonzero(live)
         if idx.size == len(self.rows):
             return
-        self.prefix, self.rows = self.prefix.take(idx), self.rows[idx]
+        self.prefix, self.rows, self.held = self.prefix.take(idx), self.rows[idx], self.held[idx]
         if self.sampling is not None:
             self.sampling.take(idx)
         if self.cache is not None:
@@ -89,6 +90,7 @@ class PrefixState:
                 state.cache.pad_left(n)
         self.prefix, self.rows = self.prefix.stack(other.prefix), np.concatenate([self.rows, other.rows])
         self.cache.add_rows(other.cache)
+        self.held = np.zeros((len(self.rows), 0), dtype=bool)     # rows join at a block boundary: nothing held
         if self.sampling is not None or other.sampling is not None:
             mine = self.sampling or RowSampling([RowOptions()] * (len(self.rows) - len(other.rows)))
             mine.stack(other.sampling or RowSampling([RowOptions()] * len(other.rows)))
@@ -102,6 +104,17 @@ class PrefixState:
             self.prefix = self.prefix.drop_left(n)
             self.cache.drop_left(n)
 
+    def hold(self, slots: np.ndarray) -> None:
+        """A ``canvas.held_verify`` call's kept columns joined the cache: ``slots`` (B,F), False
+        for a pad slot."""
+        self.held = np.concatenate([self.held, slots], axis=1)
+
+    def drop_held(self) -> None:
+        """The block's held in-block keys leave the cache: it holds the prefix again."""
+        if self.held.shape[1]:
+            self.cache.truncate(self.cache.length - self.held.shape[1])
+            self.held = self.held[:, :0]
+
     def extend(self, block: np.ndarray) -> None:
         """A finished block (B,L) joins the prefix."""
         self.prefix = self.prefix.extend(block)
@@ -112,7 +125,10 @@ class PrefixState:
         if self.sampling is None:
             return None
         cols = np.zeros(plan.ids.shape, dtype=np.int64)                          # (B,T)
-        if steps is not None:
+        if steps is not None and plan.read.ndim == 3:                            # per-row read columns
+            for r in range(len(cols)):
+                cols[r, plan.read[r]] = steps[r, :, None]
+        elif steps is not None:
             cols[:, plan.read] = steps[:, :, None]
         return self.sampling.inputs(plan.positions, cols)
 
@@ -131,4 +147,9 @@ class PrefixState:
         else:
             out = be.verify(cache, plan.ids, plan.positions, plan.mask, sampling)
         top_i, top_p = demote_excluded(*out, be.host_excluded) if be.host_excluded else out   # (B,T,K)
+        if plan.read.ndim == 3:                                                  # per-row read columns
+            b, w, n = plan.read.shape
+            at = plan.read.reshape(b, w * n, 1)
+            return (np.take_along_axis(top_i, at, axis=1).reshape(b, w, n, -1),
+                    np.take_along_axis(top_p, at, axis=1).reshape(b, w, n, -1))
         return top_i[:, plan.read], top_p[:, plan.read]

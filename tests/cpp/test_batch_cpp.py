@@ -27,6 +27,7 @@ SAMPLINGS = {"greedy": {}, "seeded": SAMPLED, "hot": HOT}
 STRATEGIES = {
     "vanilla": {"strategy": "vanilla"},
     "threshold": {"strategy": "threshold"},
+    "threshold-delayed": {"strategy": "threshold", "cache": "delayed"},
     "spd-lossless": {"strategy": "spd", "beam_width": 4},
     "spd-select-threshold": {"strategy": "spd", "select": "threshold", "beam_width": 4},
 }
@@ -70,9 +71,10 @@ def test_batch_with_a_stop_string_and_budget(cpp_build, tiny_artifact, py_rt, tm
     assert _cpp(cpp_build, tiny_artifact[0], options, tmp_path) == want
 
 
-def test_batch_under_sanitizers(cpp_asan_build, tiny_artifact, py_rt, tmp_path):
-    """A seeded spd batch whose rows leave at different blocks, under ASan + UBSan (the KV cache
-    and the per-row state compacted as rows leave)."""
-    options = {**STRATEGIES["spd-lossless"], **HOT}
+@pytest.mark.parametrize("case", ["spd-lossless", "threshold-delayed"])
+def test_batch_under_sanitizers(case, cpp_asan_build, tiny_artifact, py_rt, tmp_path):
+    """A seeded batch whose rows leave at different blocks, under ASan + UBSan (the KV cache and
+    the per-row state compacted as rows leave; delayed: the held keys cut from the cache)."""
+    options = {**STRATEGIES[case], **HOT}
     got = _cpp(cpp_asan_build, tiny_artifact[0], options, tmp_path, env=ASAN_ENV)
     assert got == _python(py_rt, options)

@@ -36,6 +36,9 @@ CASES = {
     "threshold-lead": {"strategy": "threshold", "threshold": 0.95, "threshold_lead": 0.5},
     "spd-fork-threshold-far-lead-w4": {"strategy": "spd", "base": "threshold", "threshold": 0.98, "threshold_far": 0.999,
                                        "threshold_lead": 0.7, "beam_width": 4},
+    # the delayed in-block cache under the far and lead thresholds
+    "threshold-far-lead-delayed": {"strategy": "threshold", "threshold": 0.98, "threshold_far": 0.999,
+                                   "threshold_lead": 0.7, "cache": "delayed"},
 }
 N_PROMPTS = {"spd-binary-threshold-w4": 1, "spd-wide-select-threshold-w4": 1, "vanilla-steps": 1,
              "spd-chain-threshold-w4-draft-tau": 1, "spd-fork-w6": 1, "threshold-far": 2,

@@ -14,7 +14,8 @@ KEYS = ("text", "token_ids", "forwards", "tokens", "accepted_hist", "finished")
 L, GEN = 8, 16
 PROMPTS = ["hello", "a longer prompt, 2+3="]
 CASES = [("llada-mask", "none"), ("llada-mask", "prefix"), ("llada-mask", "dual"), ("dream-pad", "prefix"),
-         ("dream-pad", "dual"), ("block_causal-mask", "exact"), ("block_causal-mask", "none"), ("legacy", "prefix")]
+         ("dream-pad", "dual"), ("block_causal-mask", "exact"), ("block_causal-mask", "none"), ("block_causal-mask", "delayed"),
+         ("legacy", "prefix")]
 EXCLUDED = {"llada-mask": {299}, "dream-pad": {297, 299}, "block_causal-mask": {299}, "legacy": {299}}
 
 _runtimes: dict = {}
@@ -22,8 +23,8 @@ _runtimes: dict = {}
 
 def _options(name: str, mode: str, strategy: str) -> dict:
     o = {"cache": mode, "block_length": L, "gen_length": GEN, **STRATEGIES[strategy]}
-    if mode == "none" and "beam_width" in o and not name.startswith("block_causal"):
-        o["beam_width"] = 1          # none on a bidirectional model: one branch per forward
+    if "beam_width" in o and (mode == "delayed" or mode == "none" and not name.startswith("block_causal")):
+        o["beam_width"] = 1          # none on a bidirectional model, delayed: one branch per forward
     return o
 
 

@@ -19,10 +19,12 @@ import pytest
 from dllm_deploy.runtime import canvas
 
 FIXTURES = Path(__file__).resolve().parents[1] / "cpp" / "fixtures"
-BUILDERS = ("first_block", "tree_verify", "commit_next", "refresh", "canvas_verify")
+BUILDERS = ("first_block", "tree_verify", "commit_next", "refresh", "canvas_verify", "held_verify")
 CASES = {  # file stem: (layout, cache mode, decode options)
     "block_causal-exact": ("block_causal", "exact", {"strategy": "spd", "beam_width": 2}),
     "block_causal-none": ("block_causal", "none", {"strategy": "spd", "beam_width": 2}),
+    "block_causal-delayed": ("block_causal", "delayed", {"strategy": "threshold", "threshold": 0.2}),
+    "block_causal-delayed-ragged": ("block_causal", "delayed", {"strategy": "threshold", "threshold": 0.006}),
     "llada-none": ("llada", "none", {"strategy": "vanilla"}),
     "llada-prefix": ("llada", "prefix", {"strategy": "spd", "beam_width": 2}),
     "llada-dual": ("llada", "dual", {"strategy": "spd", "beam_width": 2}),
@@ -58,6 +60,9 @@ def decode_inputs(inputs: dict) -> dict:
     for k in ("block", "nodes", "nxt"):
         if k in out:
             out[k] = np.array(out[k], dtype=np.int64)
+    for k in ("held", "fresh"):
+        if k in out:
+            out[k] = np.array(out[k], dtype=bool).reshape(len(out["block"]), -1)
     return out
 
 
@@ -105,7 +110,8 @@ def dumps(fixture: dict) -> str:
 @pytest.mark.parametrize("stem", sorted(CASES))
 def test_decode_makes_the_committed_calls(tmp_path, monkeypatch, stem):
     fixture = record(tmp_path, monkeypatch, *CASES[stem])
-    assert {c["builder"] for c in fixture["calls"]} >= {"tree_verify" if stem.startswith("block") else "refresh"}
+    verify = "held_verify" if "delayed" in stem else "tree_verify" if stem.startswith("block") else "refresh"
+    assert {c["builder"] for c in fixture["calls"]} >= {verify}
     path = FIXTURES / f"{stem}.json"
     if os.environ.get("DLLM_UPDATE_PLAN_FIXTURES") == "1":
         path.parent.mkdir(parents=True, exist_ok=True)

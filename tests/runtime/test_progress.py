@@ -24,7 +24,7 @@ from dllm_deploy.runtime.strategies import DecodeConfig, Policy
 from tests.conftest import ARGMAX_CASES, STRATEGIES
 
 L, GEN = 8, 16        # two blocks of 8: the commit / refresh forward between blocks runs too
-MODES = {"llada": ("none", "prefix", "dual"), "dream": ("none", "prefix", "dual"), "block_causal": ("exact", "none")}
+MODES = {"llada": ("none", "prefix", "dual"), "dream": ("none", "prefix", "dual"), "block_causal": ("exact", "none", "delayed")}
 PROMPTS = ["hello", "a longer prompt, 2+3="]
 
 _runtimes: dict = {}
@@ -42,8 +42,8 @@ def runtime(argmax_models, name: str, backend: str):
 
 def options(mode: str, strategy: str) -> dict:
     o = {"cache": mode, "block_length": L, "gen_length": GEN, **STRATEGIES[strategy]}
-    if mode == "none" and "beam_width" in o:
-        o["beam_width"] = 1          # none on a bidirectional model: one branch per forward
+    if mode in ("none", "delayed") and "beam_width" in o:
+        o["beam_width"] = 1          # none on a bidirectional model, delayed: one branch per forward
     return o
 
 

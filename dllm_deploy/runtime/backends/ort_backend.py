@@ -68,6 +68,12 @@ class OrtCache:
         self.k, self.v = [pad(k) for k in self.k], [pad(v) for v in self.v]
         self.length += n
 
+    def truncate(self, n: int) -> None:
+        """Only the first n cached positions stay (cache mode delayed drops a block's held keys)."""
+        self.k = [np.ascontiguousarray(k[:, :, :n]) for k in self.k]
+        self.v = [np.ascontiguousarray(v[:, :, :n]) for v in self.v]
+        self.length = n
+
     def drop_left(self, n: int) -> None:
         self.k = [np.ascontiguousarray(k[:, :, n:]) for k in self.k]
         self.v = [np.ascontiguousarray(v[:, :, n:]) for v in self.v]

@@ -30,6 +30,10 @@ class TorchCache:
         pad = lambda x: torch.cat([x.new_zeros(x.shape[:2] + (n,) + x.shape[3:]), x], dim=2)  # noqa: E731
         self.past = [(pad(k), pad(v)) for k, v in self.past]
 
+    def truncate(self, n: int) -> None:
+        """Only the first n cached positions stay (cache mode delayed drops a block's held keys)."""
+        self.past = [(k[:, :, :n].contiguous(), v[:, :, :n].contiguous()) for k, v in self.past]
+
     def drop_left(self, n: int) -> None:
         self.past = [(k[:, :, n:].contiguous(), v[:, :, n:].contiguous()) for k, v in self.past]
 

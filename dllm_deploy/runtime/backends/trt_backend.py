@@ -212,6 +212,14 @@ class TrtCache:  # pragma: no cover - needs a GPU
             self._view(self.v[i], end).copy_(pv[:, :, :end])
         self.length = end
 
+    def truncate(self, n: int) -> None:
+        """Only the first n cached positions stay (cache mode delayed drops a block's held keys)."""
+        kept = [(k[:, :, :n].clone(), v[:, :, :n].clone()) for k, v in self.past()]
+        for i, (k, v) in enumerate(kept):
+            self._view(self.k[i], n).copy_(k)
+            self._view(self.v[i], n).copy_(v)
+        self.length = n
+
     def keep_rows(self, rows: np.ndarray) -> None:
         idx = self.torch.as_tensor(np.asarray(rows), device="cuda")
         kept = [(k.index_select(0, idx), v.index_select(0, idx)) for k, v in self.past()]
