@@ -41,10 +41,10 @@ SAMPLING = {"temperature": 0.7, "top_p": 0.9}    # the sampling runs beside the 
 
 
 class TimedBackend:
-    """Wraps a backend and accumulates the seconds spent inside its calls."""
+    """Wraps a backend and accumulates the seconds spent inside its calls and the tokens they fed."""
 
     def __init__(self, inner):
-        self.inner, self.seconds, self.calls = inner, 0.0, 0
+        self.inner, self.seconds, self.calls, self.fed = inner, 0.0, 0, 0
         self.name, self.topk, self.host_excluded = inner.name, inner.topk, inner.host_excluded
         self.sample_pool, self.folder = inner.sample_pool, getattr(inner, "folder", inner.name)
 
@@ -52,6 +52,7 @@ class TimedBackend:
         return self.inner.new_cache(*a)
 
     def _timed(self, fn, *a):
+        self.fed += a[1].size                  # (B,T) ids: every row's tokens, pads included
         t0 = time.perf_counter()
         try:
             return fn(*a)
@@ -414,14 +415,15 @@ def run_bench(artifact: str, backends=("torch", "ort"), strategies=("vanilla", "
         samples[c].append({"accuracy": o["accuracy"], "tpf": o["tpf"], "forwards": o["forwards"], "tokens": o["tokens"],
                            "wall_s": wall, "tokens_per_s": o["tokens"] / wall,
                            "time_per_forward_ms": 1000 * timed.seconds / max(timed.calls, 1),
-                           "loop_overhead": max(0.0, 1 - timed.seconds / wall)})
+                           "loop_overhead": max(0.0, 1 - timed.seconds / wall),
+                           "fed_per_token": timed.fed / max(o["tokens"], 1)})
         if progress:
             progress(1)
 
     peak = _peak_memory(artifact, widths, L, prefix) if memory else {w: None for w in widths}
     runs = []
     for c, ss in samples.items():
-        med = {k: statistics.median(s[k] for s in ss) for k in ss[0]}
+        med = {k: statistics.median(s[k] for s in ss) for k in ss[0]}   # fed_per_token: Python rows only
         w = used_w[c]
         key = ("ort" if c.backend == "cpp" else c.backend) + ("" if c.precision == "fp32" else f" {c.precision}")
         one = next(x["ms"] for x in cost[key] if x["beam_width"] == 1)

@@ -250,10 +250,11 @@ def test_cache_modes_are_configurations_of_their_own(tiny_artifact, capsys):
     only = bench.configurations(["ort"], ["threshold"], [4], [0.9], caches=["delayed"])
     assert [c.label for c in only] == ["ort:threshold tau0.9 delayed"] and only[0].decode_kwargs(64)["cache"] == "delayed"
     res = bench.run_bench(str(tiny_artifact[0]), backends=["ort"], strategies=["threshold"], beam_widths=[1],
-                          thresholds=[0.9], families=["upper"], n=1, repeats=1, gen_length=64, cost_repeats=1,
+                          thresholds=[0.99], families=["count"], n=1, repeats=1, gen_length=64, cost_repeats=1,
                           caches=["auto", "delayed"])
     exact, delayed = res["runs"]
     assert (exact["cache"], delayed["cache"]) == ("auto", "delayed") and delayed["tokens"] > 0
+    assert delayed["fed_per_token"] < exact["fed_per_token"]       # the tokens each forward carries
     ref = _run("ref", "vanilla", 10.0, 0.9, backend="torch", cache="none")
     picked = {**_run("ort:threshold tau0.9 delayed", "threshold", 100.0, 0.9, cache="delayed"), "beam_width_used": 1}
     from dllm_deploy.profiles import get_profile, parse_profile

@@ -116,8 +116,14 @@ class Runtime:
         return {k: self.profile.decode[k] for k in PROFILE_DEFAULT_KEYS if k in self.profile.decode}
 
     def decode_config(self, **decode) -> DecodeConfig:
-        """A DecodeConfig where options left as None take the profile's defaults, then the built-in ones."""
-        merged = {**self.decode_defaults(), **{k: v for k, v in decode.items() if v is not None}}
+        """A DecodeConfig where options left as None take the profile's defaults, then the built-in ones.
+        A profile's ``cache: delayed`` (one branch per forward) gives way to the model's own cache
+        when the call asks for an spd tree of more than one branch."""
+        given = {k: v for k, v in decode.items() if v is not None}
+        merged = {**self.decode_defaults(), **given}
+        if "cache" not in given and merged.get("cache") == "delayed" and merged.get("strategy") == "spd" \
+                and merged.get("beam_width", OPTIONS["beam_width"].default) > 1:
+            del merged["cache"]
         return decode_config(**merged)
 
     def _call(self, prompts: str | list[str], rows, decode: dict) -> tuple[list[str], DecodeConfig, list[RowOptions]]:

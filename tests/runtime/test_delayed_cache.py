@@ -128,3 +128,19 @@ def test_delayed_needs_one_branch_and_a_block_causal_model(ort):
     assert resolve_cache("delayed", "block_causal", 1) == "delayed"
     with pytest.raises(UserError, match="needs a block-causal model"):
         resolve_cache("delayed", "bidirectional", 1)
+
+
+def test_a_profiles_delayed_cache_gives_way_to_an_spd_tree(ort):
+    """A tuned profile may pick cache delayed for its threshold rule; a call asking for spd at
+    W > 1 then runs on the exact cache, and only an explicit cache delayed is refused."""
+    import dataclasses
+    saved = ort.profile
+    ort.profile = dataclasses.replace(saved, decode={**saved.decode, "strategy": "threshold", "cache": "delayed"})
+    try:
+        assert ort.decode_config().cache == "delayed"
+        assert ort.decode_config(strategy="spd", beam_width=4).cache == "auto"
+        assert ort.decode_config(strategy="spd", beam_width=1).cache == "delayed"
+        with pytest.raises(UserError, match="beam width 1"):
+            ort.generate(PROMPTS[1], strategy="spd", beam_width=4, cache="delayed", gen_length=GEN)
+    finally:
+        ort.profile = saved
