@@ -224,6 +224,15 @@ def _precisions_note(runs: list[dict]) -> str:
             f"{' or '.join(quantized)} is that variant, [precision](precision.md))")
 
 
+def _caches_note(runs: list[dict]) -> str:
+    """The cache modes the threshold configurations ran under besides the model's own (bench --caches)."""
+    other = sorted({r.get("cache", "auto") for r in runs} - {"auto", "none"})
+    if not other:
+        return ""
+    return (f"; threshold configurations under the model's own cache and under {', '.join(other)} (a label "
+            f"naming {' or '.join(other)} ran under it, [cache modes](algorithms.md#cache-modes))")
+
+
 def markdown(res: dict, plot_paths: list[Path] | None = None, doc_path: str | Path | None = None,
              source: str | None = None, load: dict | None = None, load_source: str | None = None,
              other: dict | None = None, other_source: str | None = None, other_label: str = "other run") -> str:
@@ -237,7 +246,7 @@ def markdown(res: dict, plot_paths: list[Path] | None = None, doc_path: str | Pa
              (f"- workload: {len(res['families'])} task families x {res['prompts_per_family']} held-out prompts, "
              f"gen length {res['gen_length']}, block length {res['block_length']}, batch {res['batch_size']}, "
              f"tree `{res['tree']}`, {res['repeats']} interleaved repeats (medians; min-max in brackets)"
-             + _precisions_note(res["runs"])), "",
+             + _precisions_note(res["runs"]) + _caches_note(res["runs"])), "",
              "## Targets", "", "| target | goal | measured | met | note |", "|---|---|---|---|---|"]
     for t in res["targets"]:
         val = t["measured"]

@@ -255,6 +255,7 @@ def test_cache_modes_are_configurations_of_their_own(tiny_artifact, capsys):
     exact, delayed = res["runs"]
     assert (exact["cache"], delayed["cache"]) == ("auto", "delayed") and delayed["tokens"] > 0
     assert delayed["fed_per_token"] < exact["fed_per_token"]       # the tokens each forward carries
+    assert "under delayed (a label naming delayed ran under it" in report.markdown(res)
     ref = _run("ref", "vanilla", 10.0, 0.9, backend="torch", cache="none")
     picked = {**_run("ort:threshold tau0.9 delayed", "threshold", 100.0, 0.9, cache="delayed"), "beam_width_used": 1}
     from dllm_deploy.profiles import get_profile, parse_profile
