@@ -1,7 +1,8 @@
 """Continuous batching (Runtime.stream(join=...)): rows that join a running batch at a block
 boundary decode exactly as they do alone — the same tokens and forward counts, greedy and
 seeded — whether the joiner's prompt is longer or shorter than the running rows' prefix, whether
-the running rows are still live or have all finished, and on every strategy."""
+the running rows are still live or have all finished, and on every strategy and block-causal cache
+mode that keeps a cache (exact, delayed)."""
 import pytest
 
 from dllm_deploy.runtime.rows import RowOptions
@@ -50,6 +51,19 @@ def test_joined_rows_decode_as_they_do_alone(ort, name):
     assert sorted(got) == [0, 1, 2]
     for i, p in enumerate([LONG, LONGER, SHORT]):
         assert got[i] == alone(ort, p, g, **kw), (name, i, p)
+
+
+def test_rows_join_under_the_delayed_cache(ort):
+    """The delayed cache holds in-block keys only until the block's commit: rows join at block
+    boundaries as they do under the exact cache, greedy and seeded."""
+    kw = {"strategy": "threshold", "threshold": 0.98, "threshold_far": 0.999, "threshold_lead": 0.7,
+          "cache": "delayed", "gen_length": GEN}
+    assert ort.joins_batches(**kw)
+    rows = [RowOptions(), RowOptions(temperature=0.7, top_p=0.9, seed=2), RowOptions()]
+    got = run(ort, [LONG], rows[:1], joiner([(LONGER, rows[1])], [(SHORT, rows[2])]), **kw)
+    assert sorted(got) == [0, 1, 2]
+    for i, (p, o) in enumerate(zip([LONG, LONGER, SHORT], rows)):
+        assert got[i] == alone(ort, p, o, **kw), (i, p)
 
 
 def test_seeded_rows_join_with_their_own_noise(ort):
