@@ -8,16 +8,18 @@ until the block is full (``block_status``). Then ``next_block``: for a block-cau
 fused forward commits the block's KV and predicts the next block's first state (the prompt
 prefill is fused the same way with the first block: ``first_block``); for a bidirectional
 model (LLaDA, Dream) the block joins the prefix and one forward over the canvas [prefix | block
-| suffix of masks] refreshes the cache. What each forward feeds is a canvas.py plan; the rows'
-prefix and cache live in prefix.py. Every forward counts.
+| suffix of masks] refreshes the cache. Under cache mode ``delayed`` (block-causal, W = 1) the
+verify forward is ``canvas.held_verify`` over the block's held keys, which leave the cache before
+the commit. What each forward feeds is a canvas.py plan; the rows' prefix and cache live in
+prefix.py. Every forward counts.
 
 Rows of a batch move block by block in lockstep; a row whose block is full waits for the
 others (its results are ignored and it is not charged the forward); a finished row (EOS with
 every position before it committed, a stop string, or the budget spent) leaves the batch at the
 end of the block. After every forward the loop reports each live row's final tokens
 (``_Run.report``): ``Decoder.stream`` turns them into chunks of text (stream.py), and
-``Decoder.generate`` is that stream collected (docs/streaming.md). With an exact cache, rows may
-join a running batch at a block boundary (``join``: continuous batching, docs/serving.md).
+``Decoder.generate`` is that stream collected (docs/streaming.md). With an exact cache (modes exact
+and delayed), rows may join a running batch at a block boundary (``join``: continuous batching, docs/serving.md).
 
 Dimension legend: B rows, L block length, W beam width, K top-k.
 """
@@ -99,7 +101,7 @@ class _Run:
     def __init__(self, backend, config, encoded: list[list[int]], policy: Policy, mode: str, n_blocks: int, L: int,
                  rows: list[RowOptions], join: Callable[[], list] | None = None):
         """``join``: called at every block boundary, the (prompt ids, RowOptions) of rows that join
-        the batch there (continuous batching; an exact cache only, see ``joins``)."""
+        the batch there (continuous batching; modes exact and delayed only, see ``joins``)."""
         self.backend, self.policy, self.mode, self.n_blocks, self.L = backend, policy, mode, n_blocks, L
         self.mask_id, self.eos_id, self.anchor = config.mask_token_id, config.eos_token_id, config.shift_logits
         self.pad_id = config.pad_token_id
@@ -283,8 +285,8 @@ class _Run:
 
 
 def joins(backend, mode: str) -> bool:
-    """Whether rows can join a running batch: an exact cache (block-causal model), whose finished
-    blocks are final, on a backend whose cache can be padded and stacked (ONNX Runtime, torch).
+    """Whether rows can join a running batch: an exact cache at block boundaries (block-causal model,
+    cache exact or delayed, whose held in-block keys are gone by then), whose finished blocks are final, on a backend whose cache can be padded and stacked (ONNX Runtime, torch).
     A bidirectional canvas ends in a suffix as long as the rows' remaining budget, which rows
     at different blocks do not share: there, new rows wait for the next batch."""
     return mode in ("exact", "delayed") and getattr(backend, "joins_batches", False)

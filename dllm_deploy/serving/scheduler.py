@@ -10,8 +10,8 @@ row's last chunk carries its finish_reason.
 Continuous batching: a request that arrives while a batch decodes joins it at the next block
 boundary when it is compatible and there is room (rows that finished have left by then), as
 vLLM and SGLang do; the decode loop asks ``_run``'s join callable at every boundary
-(Runtime.stream(join=...)). That needs an exact cache (a block-causal model, ONNX Runtime or
-torch); elsewhere, and with ``continuous=False`` (serve --static-batches), a request waits for the
+(Runtime.stream(join=...)). That needs an exact cache at block boundaries (a block-causal
+model under cache exact or delayed, ONNX Runtime or torch); elsewhere, and with ``continuous=False`` (serve --static-batches), a request waits for the
 next batch (static batches formed at arrival).
 """
 from __future__ import annotations
