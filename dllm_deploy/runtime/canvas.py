@@ -214,7 +214,6 @@ def canvas_verify(prefix: Prefix, nodes: np.ndarray, suffix_len: int, mask_id: i
                 keep=0, cache="reuse", read=g * np.arange(w)[:, None] + a + np.arange(n))
 
 
-
 def held_verify(prefix: Prefix, held: np.ndarray, block: np.ndarray, fresh: np.ndarray, mask_id: int,
                 pad_id: int) -> Plan:
     """Block-causal, cache mode ``delayed`` (W = 1): the block state (B,L) over a cache of the
@@ -226,7 +225,7 @@ def held_verify(prefix: Prefix, held: np.ndarray, block: np.ndarray, fresh: np.n
     other position; the rest read column 0)."""
     b, n = block.shape
     parts = [fresh, block == mask_id]                                             # (B,L) each
-    width = [max(int(x.sum(axis=1).max()), 0) for x in parts]                     # F, M
+    width = [int(x.sum(axis=1).max()) for x in parts]                             # F, M
     t = sum(width)
     src = np.zeros((b, t), dtype=np.int64)                                        # block position per column
     real = np.zeros((b, t), dtype=bool)

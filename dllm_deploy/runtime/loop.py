@@ -18,8 +18,9 @@ others (its results are ignored and it is not charged the forward); a finished r
 every position before it committed, a stop string, or the budget spent) leaves the batch at the
 end of the block. After every forward the loop reports each live row's final tokens
 (``_Run.report``): ``Decoder.stream`` turns them into chunks of text (stream.py), and
-``Decoder.generate`` is that stream collected (docs/streaming.md). With an exact cache (modes exact
-and delayed), rows may join a running batch at a block boundary (``join``: continuous batching, docs/serving.md).
+``Decoder.generate`` is that stream collected (docs/streaming.md). With an exact cache at block
+boundaries (modes exact and delayed), rows may join a running batch there (``join``: continuous
+batching, docs/serving.md).
 
 Dimension legend: B rows, L block length, W beam width, K top-k.
 """
@@ -285,8 +286,9 @@ class _Run:
 
 
 def joins(backend, mode: str) -> bool:
-    """Whether rows can join a running batch: an exact cache at block boundaries (block-causal model,
-    cache exact or delayed, whose held in-block keys are gone by then), whose finished blocks are final, on a backend whose cache can be padded and stacked (ONNX Runtime, torch).
+    """Whether rows can join a running batch: an exact cache at block boundaries (a block-causal
+    model under cache exact, or delayed, whose held in-block keys are gone by then), whose finished
+    blocks are final, on a backend whose cache can be padded and stacked (ONNX Runtime, torch).
     A bidirectional canvas ends in a suffix as long as the rows' remaining budget, which rows
     at different blocks do not share: there, new rows wait for the next batch."""
     return mode in ("exact", "delayed") and getattr(backend, "joins_batches", False)
