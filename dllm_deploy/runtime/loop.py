@@ -217,10 +217,13 @@ class _Run:
             self.state.extend(block)
         return (nxt, *self._forward(plan))
 
-    def _verify(self, k: int, nodes: np.ndarray, steps: np.ndarray):
+    def _verify(self, k: int, nodes: np.ndarray, steps: np.ndarray, cached: np.ndarray):
         """f(node) (B,W,L,K) twice for the drafted states (B,W,L) of block k: one forward; node w
-        of row r serves base-rule step ``steps[r, w]`` (its sampling noise)."""
+        of row r serves base-rule step ``steps[r, w]`` (its sampling noise). ``cached`` (B,L):
+        the block's held positions (mode delayed)."""
         prefix = self.state.prefix
+        if self.mode == "delayed":
+            return self._held_verify(nodes, cached, steps)
         if self.bidi:
             return self.state.run(canvas.canvas_verify(prefix, nodes, self._suffix_len(k), self.mask_id,
                                                        self.mode, self.anchor), steps)
@@ -256,14 +259,10 @@ class _Run:
             done |= np.isin(self.state.rows, list(self.stopped))
             need = np.flatnonzero(~done)
             if not need.size:
-                if self.mode == "delayed":
-                    self.state.drop_held()
+                self.state.drop_held()                                              # mode delayed's, if any
                 return
             serves = np.stack([step[r] + 1 + np.asarray(node_depths(d[1])) for r, d in enumerate(drafts)])   # (B,W)
-            if self.mode == "delayed":
-                v_ids, v_probs = self._held_verify(nodes, cached, serves)             # (B,1,L,K)
-            else:
-                v_ids, v_probs = self._verify(k, nodes, serves)                      # (B,W,L,K)
+            v_ids, v_probs = self._verify(k, nodes, serves, cached)                  # (B,W,L,K)
             for r in need:
                 cur, steps = policy.select(nodes[r], drafts[r][1], v_ids[r], v_probs[r], int(step[r]))
                 st = self.stats[self.state.rows[r]]
