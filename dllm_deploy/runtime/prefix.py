@@ -29,6 +29,12 @@ def demote_excluded(top_i: np.ndarray, top_p: np.ndarray, ids) -> tuple[np.ndarr
     return top_i, np.where(bad, np.float32(0), top_p)
 
 
+def _read_columns(plan: Plan) -> np.ndarray:
+    """(B,W*L) each row's read columns: the plan's (W,L) for every row, or its own (B,W,L)."""
+    b, (w, n) = len(plan.ids), plan.read.shape[-2:]
+    return np.broadcast_to(plan.read, (b, w, n)).reshape(b, w * n)
+
+
 class RowSampling:
     """The rows' sampling options as per-row arrays (B,) that follow the live rows."""
 
@@ -125,11 +131,8 @@ class PrefixState:
         if self.sampling is None:
             return None
         cols = np.zeros(plan.ids.shape, dtype=np.int64)                          # (B,T)
-        if steps is not None and plan.read.ndim == 3:                            # per-row read columns
-            for r in range(len(cols)):
-                cols[r, plan.read[r]] = steps[r, :, None]
-        elif steps is not None:
-            cols[:, plan.read] = steps[:, :, None]
+        if steps is not None:
+            np.put_along_axis(cols, _read_columns(plan), np.repeat(steps, plan.read.shape[-1], axis=1), axis=1)
         return self.sampling.inputs(plan.positions, cols)
 
     def run(self, plan: Plan, steps: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
@@ -147,9 +150,6 @@ class PrefixState:
         else:
             out = be.verify(cache, plan.ids, plan.positions, plan.mask, sampling)
         top_i, top_p = demote_excluded(*out, be.host_excluded) if be.host_excluded else out   # (B,T,K)
-        if plan.read.ndim == 3:                                                  # per-row read columns
-            b, w, n = plan.read.shape
-            at = plan.read.reshape(b, w * n, 1)
-            return (np.take_along_axis(top_i, at, axis=1).reshape(b, w, n, -1),
-                    np.take_along_axis(top_p, at, axis=1).reshape(b, w, n, -1))
-        return top_i[:, plan.read], top_p[:, plan.read]
+        at, shape = _read_columns(plan)[..., None], (len(top_i), *plan.read.shape[-2:], -1)
+        return (np.take_along_axis(top_i, at, axis=1).reshape(shape),                  # (B,W,L,K)
+                np.take_along_axis(top_p, at, axis=1).reshape(shape))
