@@ -64,10 +64,11 @@ def hf_config_dict(cfg: DLLMConfig) -> dict:
     }
 
 
-def sample_example(rng: random.Random, held_out: set[str]) -> tasks.Example:
-    fams = list(MIX)
+def sample_example(rng: random.Random, held_out: set[str], mix: dict[str, float] | None = None) -> tasks.Example:
+    mix = mix or MIX
+    fams = list(mix)
     while True:
-        fam = rng.choices(fams, weights=[MIX[f] for f in fams])[0]
+        fam = rng.choices(fams, weights=[mix[f] for f in fams])[0]
         ex = tasks.gen_text(rng, "train") if fam == "text" else tasks.GENERATORS[fam](rng, DIST)
         if ex.prompt not in held_out and (not MAX_ANSWER or len(ex.answer) <= MAX_ANSWER):
             return ex
@@ -194,6 +195,20 @@ def save(model: DLLM, out: Path, meta: dict) -> None:
     (out / "training.json").write_text(json.dumps(meta, indent=2) + "\n")
 
 
+def parse_mix(text: str, flag: str) -> dict[str, float]:
+    """``fam=w,fam=w`` -> family weights (a one-line error for an unknown family)."""
+    out = {}
+    for item in filter(None, text.split(",")):
+        fam, _, w = item.partition("=")
+        if fam not in MIX:
+            raise SystemExit(f"{flag}: unknown family {fam!r} (known: {', '.join(MIX)})")
+        try:
+            out[fam] = float(w)
+        except ValueError:
+            raise SystemExit(f"{flag}: {item!r} is not family=weight") from None
+    return out
+
+
 def main(argv=None) -> None:
     global SUFFIX_SHARE, COPIES, MAX_ANSWER, DIST
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -217,6 +232,9 @@ def main(argv=None) -> None:
                     help="continue from the weights in this folder (a second phase with its own schedule)")
     ap.add_argument("--time-steps", type=int, default=0, help="only time this many steps and exit")
     ap.add_argument("--mix", default="", help="family weights overriding the default mix, e.g. text=0.4,letter=1.0")
+    ap.add_argument("--ar-mix", default="",
+                    help="the warm-up's own family weights over --mix's (e.g. upper=4,text=0: copying random "
+                         "strings is what forms the copy circuit); default: the same mix")
     ap.add_argument("--device", default="cpu", help="torch device (cpu, cuda): the script runs on a CPU; a GPU is faster")
     ap.add_argument("--pool", type=int, default=8, help="batches drawn at once and bucketed by length (1: no bucketing)")
     ap.add_argument("--copies", type=int, default=COPIES, help="independent noisy copies of the answer per row")
@@ -230,16 +248,18 @@ def main(argv=None) -> None:
     ap.add_argument("--max-answer", type=int, default=0, help="curriculum: only answers of at most this many bytes")
     ap.add_argument("--time-limit", type=float, default=0,
                     help="save and stop once this many seconds have passed (0: no limit); training.json records it")
+    ap.add_argument("--anneal-by-time", action="store_true",
+                    help="with --time-limit: the cosine schedule ends at the time limit when that comes before --steps")
+    ap.add_argument("--autocast", choices=("none", "bf16"), default="none",
+                    help="bf16: forward under torch.autocast (bfloat16 products, fp32 weights, optimizer and loss); "
+                         "about 1.4x faster steps on a CPU with AMX or AVX512-BF16")
     ap.add_argument("--dist", choices=("core", "train"), default="core",
                     help="task inputs: core (the 149-word vocabulary the bundled model learned) or train "
                          "(half core, half broad: random words, any sentence length; never the generalization split's)")
     args = ap.parse_args(argv)
     SUFFIX_SHARE, COPIES, MAX_ANSWER, DIST = args.suffix_share, args.copies, args.max_answer, args.dist
-    for item in filter(None, args.mix.split(",")):
-        fam, _, w = item.partition("=")
-        if fam not in MIX:
-            raise SystemExit(f"--mix: unknown family {fam!r} (known: {', '.join(MIX)})")
-        MIX[fam] = float(w)
+    MIX.update(parse_mix(args.mix, "--mix"))
+    ar_mix = {**MIX, **parse_mix(args.ar_mix, "--ar-mix")}
 
     torch.manual_seed(args.seed)
     torch.set_num_threads(args.threads)
@@ -274,12 +294,18 @@ def main(argv=None) -> None:
     bound_hit = False
     print(f"params {n_params/1e6:.2f}M  steps {args.steps}  batch {args.batch}", flush=True)
     for step in range(1, args.steps + 1):
-        lr = args.lr * min(1.0, step / args.warmup) * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, step / args.steps))))
+        done = step / args.steps
+        if args.anneal_by_time and args.time_limit:
+            done = max(done, (time.time() - t0) / args.time_limit)
+        lr = args.lr * min(1.0, step / args.warmup) * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, done))))
         for g in opt.param_groups:
             g["lr"] = lr
+        if step == ar_end + 1 and ar_mix != MIX:
+            pending = []   # the warm-up's mix ends with it
         if not pending:  # draw --pool batches at once and bucket them by length: less padding
-            rows = sorted((build_row(sample_example(rng, held_out), tok, rng, COPIES) for _ in range(args.pool * args.batch)),
-                          key=lambda r: len(r[0]))
+            mix = ar_mix if step <= ar_end else MIX
+            rows = sorted((build_row(sample_example(rng, held_out, mix), tok, rng, COPIES)
+                           for _ in range(args.pool * args.batch)), key=lambda r: len(r[0]))
             pending = [rows[i:i + args.batch] for i in range(0, len(rows), args.batch)]
             rng.shuffle(pending)
         rows = pending.pop()
@@ -288,7 +314,9 @@ def main(argv=None) -> None:
         # then block diffusion: cross-entropy on the masked positions
         batch = make_ar_batch(rows, tok) if ar else make_batch(rng, args.batch, tok, held_out, rows=rows)
         ids, pos, mask, tgt, lf = (x.to(dev) for x in batch)
-        logits, _ = model(ids, pos, mask)
+        with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=args.autocast == "bf16"):
+            logits, _ = model(ids, pos, mask)
+        logits = logits.float()
         loss = F.cross_entropy(logits[lf], tgt[lf])
         opt.zero_grad(set_to_none=True)
         loss.backward()
@@ -318,11 +346,12 @@ def main(argv=None) -> None:
         timed_out = bool(args.time_limit) and time.time() - t0 >= args.time_limit
         if step % args.save_every == 0 or step == args.steps or step == args.stop_after or timed_out:
             save(model, args.out, {"init_from": str(args.init_from) if args.init_from else None, "seed": args.seed, "steps": step, "target_steps": args.steps, "batch": args.batch,
-                                   "lr": args.lr, "params": n_params, "elapsed_s": round(time.time() - t0, 1),
-                                   "mix": MIX, "pool": args.pool, "warmup": args.warmup, "threads": args.threads, "device": args.device, "torch": torch.__version__,
+                                   "lr": args.lr, "lr_last": round(lr, 8), "params": n_params, "elapsed_s": round(time.time() - t0, 1),
+                                   "mix": MIX, "ar_mix": ar_mix, "pool": args.pool, "warmup": args.warmup, "threads": args.threads, "device": args.device, "torch": torch.__version__,
                                    "suffix_share": SUFFIX_SHARE, "copies": COPIES, "max_answer": MAX_ANSWER, "dist": DIST, "ar_steps": args.ar_steps,
                                    "ar_until_loss": args.ar_until_loss, "ar_margin": args.ar_margin, "ar_steps_used": min(ar_end, step), "stop_after": args.stop_after,
-                                   "stopped_by_time_limit": timed_out, "previous_phase": previous})
+                                   "stopped_by_time_limit": timed_out, "anneal_by_time": args.anneal_by_time,
+                                   "autocast": args.autocast, "previous_phase": previous})
         if step == args.stop_after or timed_out:
             break
     log_f.close()

@@ -26,8 +26,10 @@ RECIPES=("$@")
 # About 40 ms a step with three runs sharing an H200. Other recipes tried (docs/training.md):
 # r2:--steps,7500,--ar-steps,5000 r3:--steps,12000,--ar-steps,6000
 # m600:--steps,8000,--ar-steps,5000,--ar-until-loss,0.3,--ar-margin,600 (and 1200, and 12000 steps).
-# Broad inputs (the generalization goal, docs/distill.md): b1:--steps,8000,--ar-steps,3500,--dist,train
-# with PHASE2=0 (phase 2's flags draw the core inputs only).
+# Broad inputs (the generalization goal, docs/distill.md) with PHASE2=0 (phase 2's flags draw the
+# core inputs only): b2:--steps,16000,--ar-steps,4000,--ar-until-loss,0.25,--ar-margin,600,--dist,train,--ar-mix,upper=6,text=0
+# (docs/training.md: on the whole broad mix the copy circuit had not formed after 4500 warm-up steps;
+# on a copy-heavy warm-up mix it formed within 900).
 [ ${#RECIPES[@]} -gt 0 ] || RECIPES=(r1:--steps,8000,--ar-steps,3500
                                      c55:--steps,5500,--ar-steps,5000,--ar-until-loss,0.3,--ar-margin,1200
                                      w45:--steps,4500,--ar-steps,4500,--ar-until-loss,0.3,--ar-margin,600)

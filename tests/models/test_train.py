@@ -1,5 +1,6 @@
 """The training objective's pure parts: rows, the vectorised block-diffusion mask, the warm-up batch."""
 import json
+import math
 import random
 
 import torch
@@ -62,6 +63,36 @@ def test_time_limit_saves_and_stops(tmp_path):
     meta = json.loads((out / "training.json").read_text())
     assert meta["steps"] == 1 and meta["stopped_by_time_limit"] is True and meta["target_steps"] == 50
     assert (out / "model.safetensors").stat().st_size > 0
+
+
+def test_anneal_by_time_ends_the_schedule_at_the_time_limit(tmp_path, monkeypatch):
+    """--anneal-by-time: the cosine schedule runs over --time-limit when that comes before
+    --steps, so a run stopped by its clock ends near the floor lr (a tenth), not mid-schedule."""
+    clock = iter(range(0, 10 ** 6, 10))           # every time.time() call: 10 s later
+    monkeypatch.setattr(train.time, "time", lambda: float(next(clock)))
+    small = ["--batch", "2", "--pool", "1", "--hidden", "32", "--layers", "1", "--heads", "2", "--kv-heads", "1",
+             "--ffn", "64", "--threads", "1", "--steps", "100000", "--warmup", "1", "--lr", "1e-3", "--time-limit", "600"]
+    last = {}
+    for flag in ([], ["--anneal-by-time"]):
+        out = tmp_path / ("a" if flag else "b")
+        train.main(["--out", str(out), *small, *flag])
+        meta = json.loads((out / "training.json").read_text())
+        assert meta["stopped_by_time_limit"] is True and meta["anneal_by_time"] is bool(flag)
+        last[bool(flag)] = meta["lr_last"]
+    assert last[False] > 0.99e-3                  # 100000 steps: the schedule has barely started
+    assert last[True] < 0.15e-3                   # the time limit: near the floor of 1e-4
+
+
+def test_bf16_autocast_trains(tmp_path):
+    """--autocast bf16: the forward under bfloat16 autocast, the loss in fp32; weights stay fp32."""
+    out = tmp_path / "m"
+    train.main(["--out", str(out), "--steps", "30", "--batch", "2", "--pool", "1", "--hidden", "32", "--layers", "1",
+                "--heads", "2", "--kv-heads", "1", "--ffn", "64", "--ar-steps", "10", "--autocast", "bf16"])
+    log = [json.loads(x) for x in (out / "train_log.jsonl").read_text().splitlines()]
+    assert all(math.isfinite(r["loss"]) for r in log) and log[-1]["loss_ema"] < log[0]["loss_ema"]
+    assert json.loads((out / "training.json").read_text())["autocast"] == "bf16"
+    from safetensors.torch import load_file
+    assert {t.dtype for t in load_file(str(out / "model.safetensors")).values()} == {torch.float32}
 
 
 def test_warmup_ends_once_its_loss_average_is_low(tmp_path):
