@@ -252,7 +252,7 @@ def main(argv=None) -> None:
                     help="with --time-limit: the cosine schedule ends at the time limit when that comes before --steps")
     ap.add_argument("--autocast", choices=("none", "bf16"), default="none",
                     help="bf16: forward under torch.autocast (bfloat16 products, fp32 weights, optimizer and loss); "
-                         "about 1.4x faster steps on a CPU with AMX or AVX512-BF16")
+                         "about 1.3x faster steps on a CPU with AMX or AVX512-BF16 (docs/training.md)")
     ap.add_argument("--dist", choices=("core", "train"), default="core",
                     help="task inputs: core (the 149-word vocabulary the bundled model learned) or train "
                          "(half core, half broad: random words, any sentence length; never the generalization split's)")
