@@ -196,7 +196,7 @@ def save(model: DLLM, out: Path, meta: dict) -> None:
 
 
 def parse_mix(text: str, flag: str) -> dict[str, float]:
-    """``fam=w,fam=w`` -> family weights (a one-line error for an unknown family)."""
+    """``fam=w,fam=w`` -> family weights (a one-line error for an unknown family or a bad weight)."""
     out = {}
     for item in filter(None, text.split(",")):
         fam, _, w = item.partition("=")
@@ -300,16 +300,15 @@ def main(argv=None) -> None:
         lr = args.lr * min(1.0, step / args.warmup) * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, done))))
         for g in opt.param_groups:
             g["lr"] = lr
+        ar = step <= ar_end
         if step == ar_end + 1 and ar_mix != MIX:
             pending = []   # the warm-up's mix ends with it
         if not pending:  # draw --pool batches at once and bucket them by length: less padding
-            mix = ar_mix if step <= ar_end else MIX
-            rows = sorted((build_row(sample_example(rng, held_out, mix), tok, rng, COPIES)
+            rows = sorted((build_row(sample_example(rng, held_out, ar_mix if ar else MIX), tok, rng, COPIES)
                            for _ in range(args.pool * args.batch)), key=lambda r: len(r[0]))
             pending = [rows[i:i + args.batch] for i in range(0, len(rows), args.batch)]
             rng.shuffle(pending)
         rows = pending.pop()
-        ar = step <= ar_end
         # warm-up: next-token prediction, causal mask (logits at i predict i+1);
         # then block diffusion: cross-entropy on the masked positions
         batch = make_ar_batch(rows, tok) if ar else make_batch(rng, args.batch, tok, held_out, rows=rows)
