@@ -3,6 +3,7 @@ import json
 import math
 import random
 
+import pytest
 import torch
 
 from dllm_deploy.evals import tasks
@@ -131,3 +132,19 @@ def test_dist_train_draws_broad_inputs_but_never_the_generalization_split(monkey
     broad = [w for w in words["train"] if w not in tasks.WORDS]
     assert len(broad) > 0.2 * len(words["train"])
     assert not [w for w in words["train"] if tasks.held_out(w)]
+
+
+def test_ar_mix_is_the_warmup_mix_only(tmp_path, monkeypatch):
+    """--ar-mix: warm-up batches draw from its weights, diffusion batches from --mix; a bad
+    item is a one-line error."""
+    drawn = []
+    real = train.sample_example
+    monkeypatch.setattr(train, "sample_example", lambda rng, held, mix=None: drawn.append(mix) or real(rng, held, mix))
+    only = {f: float(f == "upper") for f in train.MIX}
+    monkeypatch.setattr(train, "MIX", dict(train.MIX))
+    train.main(["--out", str(tmp_path / "m"), "--steps", "4", "--ar-steps", "2", "--batch", "2", "--pool", "1",
+                "--hidden", "32", "--layers", "1", "--heads", "2", "--kv-heads", "1", "--ffn", "64",
+                "--ar-mix", ",".join(f"{f}={w:g}" for f, w in only.items())])
+    assert drawn[:4] == [only] * 4 and all(m != only for m in drawn[4:]) and len(drawn) == 8
+    with pytest.raises(SystemExit, match="--ar-mix: 'upper' is not family=weight"):
+        train.main(["--out", str(tmp_path / "e"), "--ar-mix", "upper"])
