@@ -17,6 +17,7 @@ import argparse
 import json
 import math
 import random
+import sys
 import time
 from pathlib import Path
 
@@ -209,6 +210,21 @@ def parse_mix(text: str, flag: str) -> dict[str, float]:
     return out
 
 
+def cpu_bf16_native(cpuinfo: str | None = None) -> bool | None:
+    """Whether this CPU multiplies bfloat16 in hardware (AMX or AVX512-BF16), from /proc/cpuinfo's
+    flags; None where that cannot be read. Without them torch emulates the bf16 products and an
+    autocast step is slower than an fp32 one (docs/training.md)."""
+    if cpuinfo is None:
+        try:
+            cpuinfo = Path("/proc/cpuinfo").read_text()
+        except OSError:
+            return None
+    flags = {f for line in cpuinfo.splitlines() if line.startswith("flags") for f in line.split(":", 1)[1].split()}
+    if not flags:
+        return None
+    return bool(flags & {"amx_bf16", "avx512_bf16"})
+
+
 def main(argv=None) -> None:
     global SUFFIX_SHARE, COPIES, MAX_ANSWER, DIST
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -252,7 +268,8 @@ def main(argv=None) -> None:
                     help="with --time-limit: the cosine schedule ends at the time limit when that comes before --steps")
     ap.add_argument("--autocast", choices=("none", "bf16"), default="none",
                     help="bf16: forward under torch.autocast (bfloat16 products, fp32 weights, optimizer and loss); "
-                         "about 1.3x faster steps on a CPU with AMX or AVX512-BF16 (docs/training.md)")
+                         "about 1.3x faster steps on a CPU with AMX or AVX512-BF16, slower than fp32 on one without "
+                         "(a warning says so; docs/training.md)")
     ap.add_argument("--dist", choices=("core", "train"), default="core",
                     help="task inputs: core (the 149-word vocabulary the bundled model learned) or train "
                          "(half core, half broad: random words, any sentence length; never the generalization split's)")
@@ -268,6 +285,9 @@ def main(argv=None) -> None:
     cfg = tiny_config(args.hidden, args.layers, args.heads, args.kv_heads, args.ffn)
     model = DLLM(cfg)
     dev = torch.device(args.device)
+    if args.autocast == "bf16" and dev.type == "cpu" and cpu_bf16_native() is False:
+        print("warning: --autocast bf16 on a CPU without AMX or AVX512-BF16: torch emulates the bf16 products, "
+              "so steps are slower than fp32 (--autocast none)", file=sys.stderr, flush=True)
     for name, p in model.named_parameters():
         if p.dim() == 2:
             torch.nn.init.normal_(p, std=0.02 if "down_proj" not in name and "o_proj" not in name

@@ -96,6 +96,24 @@ def test_bf16_autocast_trains(tmp_path):
     assert {t.dtype for t in load_file(str(out / "model.safetensors")).values()} == {torch.float32}
 
 
+def test_cpu_bf16_native_reads_the_flags():
+    assert train.cpu_bf16_native("processor: 0\nflags\t\t: fpu avx512f amx_bf16 amx_tile\n") is True
+    assert train.cpu_bf16_native("flags : fpu avx512f avx512_bf16\n") is True
+    assert train.cpu_bf16_native("flags : fpu avx2 avx512f avx512_vnni\n") is False   # Ice Lake: emulated
+    assert train.cpu_bf16_native("processor : 0\n") is None
+
+
+def test_bf16_autocast_warns_where_the_cpu_emulates_it(tmp_path, monkeypatch, capsys):
+    args = ["--out", str(tmp_path / "m"), "--steps", "4", "--batch", "2", "--pool", "1", "--hidden", "32",
+            "--layers", "1", "--heads", "2", "--kv-heads", "1", "--ffn", "64", "--time-steps", "2", "--autocast", "bf16"]
+    monkeypatch.setattr(train, "cpu_bf16_native", lambda: False)
+    train.main(args)
+    assert "without AMX or AVX512-BF16" in capsys.readouterr().err
+    monkeypatch.setattr(train, "cpu_bf16_native", lambda: True)
+    train.main(args)
+    assert "warning" not in capsys.readouterr().err
+
+
 def test_warmup_ends_once_its_loss_average_is_low(tmp_path):
     """--ar-until-loss: the warm-up stops at the first step (from AR_MIN_STEPS on) whose loss
     average is at most the bound (plus --ar-margin steps), and training.json records where;
