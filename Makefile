@@ -4,7 +4,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test train train-phase2 phase2-flags distill clean cpp
+.PHONY: demo test train train-core train-phase2 phase2-flags distill clean cpp
 
 $(STAMP): pyproject.toml constraints-cpu.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -28,34 +28,55 @@ cpp: $(STAMP)
 	PYTHON=$(abspath $(PY)) cpp/scripts/build.sh release
 	ctest --test-dir build/cpp --output-on-failure
 
-# Retrain the bundled tiny dLLM with the committed recipe (docs/training.md; not part of CI).
-# Phase 1: 3500 autoregressive warm-up steps, then 4500 block-diffusion steps, batch 16 (about 86
-# minutes on 2 idle CPU cores from measured step times, 5.4 minutes on one H200, where the committed
-# phase 1 was trained). Phase 2: 8000 more block-diffusion steps from phase 1's weights, batch 8,
-# lr 3e-4, count/reverse weighted up (about 52 minutes on 2 CPU cores, where the committed phase 2
-# was trained). DEVICE=cuda trains on a GPU; another device or torch build gives other weights (not
-# bit-identical), and on a CPU phase 1's copy circuit forms later: a CPU phase 1 scores lower
-# (docs/training.md). `make train-phase2` runs phase 2 alone on the folder's weights;
+# Retrain the bundled tiny dLLM with the committed recipe (docs/training.md; not part of CI): five
+# runs on the broad task inputs (--dist train: half the core vocabulary, half random words and
+# lengths), all on 2 CPU cores. A: autoregressive warm-up on the whole mix, stopped after 4500 steps;
+# B: a copy-heavy warm-up (where the copy circuit forms), then block diffusion; C, D, E: more block
+# diffusion with other family weights. Each run is stopped and annealed by its wall-clock limit
+# (--time-limit with --anneal-by-time), so a faster or slower machine takes other step counts and
+# gives other weights; about 4.3 hours in all. AUTOCAST=none on a CPU without AMX / AVX512-BF16,
+# where bf16 autocast is slower than fp32. The runs go to build/train-broad/, and E's files into the package.
+# `make train-core` retrains the closed-vocabulary weights of checkpoints/tiny-core (phase 1: 86
+# minutes on 2 CPU cores, 5.4 minutes on one H200, where the committed phase 1 was trained; phase
+# 2: 52 CPU-minutes); `make train-phase2` runs its phase 2 alone on that folder's weights;
 # tests/gpu/train_candidates.sh reads phase 2's flags from `make -s phase2-flags`.
-DEVICE ?= cpu
-TINY   := dllm_deploy/models/tiny
+DEVICE   ?= cpu
+AUTOCAST ?= bf16
+TINY     := dllm_deploy/models/tiny
+CORE     := checkpoints/tiny-core
+BROAD    := build/train-broad
+BROAD_FLAGS := --dist train --steps 40000 --anneal-by-time --device $(DEVICE)
+MIX_A := count=3,reverse=2,upper=1.2,kv=1,csv=0.8,letter=0.4,text=0.5
 PHASE2_FLAGS := --seed 1 --batch 8 --lr 3e-4 --steps 8000 --ar-steps 0 \
                 --mix count=3,reverse=2,upper=1.2,kv=1,csv=0.8,letter=0.4,text=0.5
 DISTILL_FLAGS := --dist core --entropy-weight 0 --steps 2900 --batch 8 --lr 1e-4 --seed 0 --teacher-prompts 256 --threads 2
 train: $(STAMP)
-	$(PY) -m dllm_deploy.models.train --out $(TINY) --seed 0 --steps 8000 --ar-steps 3500 --device $(DEVICE)
+	$(PY) -m dllm_deploy.models.train --out $(BROAD)/A $(BROAD_FLAGS) --seed 0 --batch 16 --lr 1e-3 \
+	  --ar-steps 6000 --ar-until-loss 0.3 --ar-margin 1200 --mix $(MIX_A) --time-limit 5700 --stop-after 4500 --autocast $(AUTOCAST)
+	$(PY) -m dllm_deploy.models.train --out $(BROAD)/B --init-from $(BROAD)/A $(BROAD_FLAGS) --seed 2 --batch 16 --lr 1e-3 \
+	  --ar-steps 4000 --ar-until-loss 0.25 --ar-margin 600 --ar-mix upper=6,reverse=1.5,kv=1.5,csv=1,count=1.5,letter=1,text=0 \
+	  --mix $(MIX_A) --time-limit 4800 --autocast $(AUTOCAST)
+	$(PY) -m dllm_deploy.models.train --out $(BROAD)/C --init-from $(BROAD)/B $(BROAD_FLAGS) --seed 3 --batch 8 --lr 3e-4 \
+	  --mix count=3,reverse=2,upper=1.2,kv=1.5,csv=0.8,letter=1,text=0.3 --time-limit 1500 --autocast $(AUTOCAST)
+	$(PY) -m dllm_deploy.models.train --out $(BROAD)/D --init-from $(BROAD)/C $(BROAD_FLAGS) --seed 4 --batch 16 --lr 4e-4 \
+	  --mix upper=0.8,reverse=2,kv=2.5,csv=0.8,count=3,letter=2,text=0.2 --time-limit 4000 --save-every 1500
+	$(PY) -m dllm_deploy.models.train --out $(BROAD)/E --init-from $(BROAD)/D $(BROAD_FLAGS) --seed 5 --batch 16 --lr 4e-4 \
+	  --mix upper=0.6,reverse=3,kv=1.5,csv=1.2,count=5,letter=1.2,text=0.1 --time-limit 3600 --save-every 1500 --autocast $(AUTOCAST)
+	cp $(BROAD)/E/config.json $(BROAD)/E/model.safetensors $(BROAD)/E/training.json $(BROAD)/E/train_log.jsonl $(TINY)/
+
+train-core: $(STAMP)
+	$(PY) -m dllm_deploy.models.train --out $(CORE) --seed 0 --steps 8000 --ar-steps 3500 --device $(DEVICE)
 	$(MAKE) train-phase2
 
 train-phase2: $(STAMP)
-	$(PY) -m dllm_deploy.models.train --out $(TINY) --init-from $(TINY) $(PHASE2_FLAGS) --device $(DEVICE)
+	$(PY) -m dllm_deploy.models.train --out $(CORE) --init-from $(CORE) $(PHASE2_FLAGS) --device $(DEVICE)
 
 phase2-flags:
 	@echo $(PHASE2_FLAGS)
 
-# Self-distillation of the bundled model with the best recipe measured (docs/distill.md: in
-# distribution, cross-entropy only; about 45 CPU-minutes; not part of CI). The student goes to
-# build/tiny-distilled: it did not meet the goals for replacing the bundled model. --force
-# replaces only a checkpoint that distill wrote.
+# Self-distillation of the bundled model with the best recipe measured on checkpoints/tiny-core
+# (docs/distill.md: in distribution, cross-entropy only; about 45 CPU-minutes; not part of CI).
+# The student goes to build/tiny-distilled. --force replaces only a checkpoint that distill wrote.
 distill: $(STAMP)
 	$(VENV)/bin/dllm-deploy distill --model $(TINY) --out build/tiny-distilled --force $(DISTILL_FLAGS)
 

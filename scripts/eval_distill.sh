@@ -5,7 +5,8 @@
 #   RUNS: all (default: the lossless SPD rows too, on the core split), rules (none: lossless SPD is
 #   token-identical to its base rule, so those rows add TPF only), far (the far-threshold rows only)
 #   or lead (the lead-threshold rows with the far threshold, core split only)
-# e.g. dllm-deploy export --model tiny --out build/art && scripts/eval_distill.sh build/art benchmarks/eval-distill/distilled
+# e.g. dllm-deploy export --model tiny --out build/art && scripts/eval_distill.sh build/art benchmarks/eval-broad/E
+# (the bundled model's tables; benchmarks/eval-distill/ holds checkpoints/tiny-core's and its students')
 set -euo pipefail
 ART=$1
 OUT=$2

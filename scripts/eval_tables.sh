@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
-# Reproduce the decoding tables quoted in docs/model_card.md and docs/algorithms.md.
+# Reproduce the decoding table of docs/algorithms.md measured on checkpoints/tiny-core (its JSON in
+# benchmarks/eval/; the bundled model's tables come from scripts/eval_distill.sh).
 # Usage: scripts/eval_tables.sh [N_PER_FAMILY] [OUT_DIR]     (defaults: 50, benchmarks/eval)
-# MODEL=--model tiny (torch, the default) or MODEL="--artifact build/art" (ONNX Runtime, faster;
-# token-identical to torch up to ties, see tests/export).
+# MODEL="--model checkpoints/tiny-core" (torch, the default) or MODEL="--artifact build/art"
+# (ONNX Runtime, faster; token-identical to torch up to ties, see tests/export).
 set -euo pipefail
 N=${1:-50}
 OUT=${2:-benchmarks/eval}
 CLI=${CLI:-.venv/bin/dllm-deploy}
-MODEL=${MODEL:---model tiny}
+MODEL=${MODEL:---model checkpoints/tiny-core}
 FAMS=upper,reverse,kv,csv,count,letter
 mkdir -p "$OUT"
 rm -f "$OUT"/*.json

@@ -41,7 +41,8 @@ from .smooth import DEFAULT_ALPHA, calibration_texts, input_ranges, smooth_
 PRECISIONS = ("fp32", "fp16", "int8", "int4")
 # the weight products of the exported graph, by the node names torch gives them (module paths),
 # that the int8 variant can keep in fp32 (docs/precision.md: the MLP's down-projection reads the
-# widest activations, and keeping it more than halves int8's logit error on the bundled model)
+# widest activations, and keeping it more than halves int8's logit error on the core-vocabulary
+# weights (checkpoints/tiny-core))
 INT8_PRODUCTS = {"qkv": r"/self_attn/MatMul$", "o_proj": r"/o_proj/MatMul$", "gate_up": r"/mlp/MatMul$",
                  "down_proj": r"/down_proj/MatMul$", "lm_head": r"/lm_head/MatMul$"}
 QUANTIZED = ("int8", "int4")          # weight-only: top-1 may differ from fp32; parity reports, never fails

@@ -177,7 +177,8 @@ def test_callback_cancels_and_the_runtime_stays_usable(cpp_build, tiny_artifact,
     rt, res = ctypes.c_void_p(), ctypes.c_void_p()
     assert lib.dllm_runtime_create(str(tiny_artifact[0]).encode(), None, ctypes.byref(rt)) is None
     opts = lib.dllm_options_create()
-    options = {"strategy": "spd", "beam_width": 4, "gen_length": GEN, **SAMPLED, "seed": 1}
+    # the first prompt's answer takes 96 bytes: four blocks give the stream more than two chunks
+    options = {"strategy": "spd", "beam_width": 4, "gen_length": 2 * GEN, **SAMPLED, "seed": 1}
     for k, v in options.items():
         assert lib.dllm_options_set(opts, k.encode(), str(v).encode()) is None
     seen: list[dict] = []

@@ -7,10 +7,11 @@
 #    TensorRT check (skips where TensorRT is not installed);
 # 2. trains candidate recipes for the bundled tiny dLLM concurrently on the GPU, each stopped and
 #    saved at the time limit (training.json records whether it finished);
-# 3. unless PHASE2=0, then trains the committed recipe's second diffusion phase (flags from
-#    `make -s phase2-flags`; P2STEPS=N overrides its 8000 steps) on each result, concurrently,
-#    into NAME-p2 (time limit LIMIT2, default the first one), and packs each folder as
-#    $OUT/NAME.tgz (and NAME-p2.tgz) for `dllm-deploy eval --model FOLDER` on the CPU machine.
+# 3. unless PHASE2=0, then trains checkpoints/tiny-core's second diffusion phase (that of
+#    `make train-phase2`, flags from `make -s phase2-flags`; P2STEPS=N overrides its 8000 steps) on
+#    each result, concurrently, into NAME-p2 (time limit LIMIT2, default the first one), and packs
+#    each folder as $OUT/NAME.tgz (and NAME-p2.tgz) for `dllm-deploy eval --model FOLDER` on the
+#    CPU machine.
 # A recipe is NAME:ARGS with the train flags comma-separated, e.g. r1:--steps,8000,--ar-steps,3500.
 # PY=python to pick the interpreter; DEVICE=cpu for a dry run (tiny recipes) on a machine without a GPU.
 set -u
@@ -20,9 +21,10 @@ shift || true
 RECIPES=("$@")
 # default: phase-1 candidates for an all-CPU recipe within 90 minutes, each followed by
 # phase 2 (8000 steps: about 52 CPU-minutes; P2STEPS=4000: about 25, which reached 0.880 on r1).
-# r1 is the committed phase 1 (with phase 2: the committed recipe, all on the GPU); c55 ends the
-# warm-up 1200 steps after its loss drop, then diffusion up to 5500 steps (about 64 CPU-minutes at
-# 0.67 s a warm-up step); w45 ends it 600 steps after, within 4500 steps (about 50 CPU-minutes).
+# r1 is checkpoints/tiny-core's phase 1 (with phase 2: tiny-core's whole recipe, `make train-core`,
+# all on the GPU); c55 ends the warm-up 1200 steps after its loss drop, then diffusion up to 5500
+# steps (about 64 CPU-minutes at 0.67 s a warm-up step); w45 ends it 600 steps after, within 4500
+# steps (about 50 CPU-minutes).
 # About 40 ms a step with three runs sharing an H200. Other recipes tried (docs/training.md):
 # r2:--steps,7500,--ar-steps,5000 r3:--steps,12000,--ar-steps,6000
 # m600:--steps,8000,--ar-steps,5000,--ar-until-loss,0.3,--ar-margin,600 (and 1200, and 12000 steps).

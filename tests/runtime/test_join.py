@@ -67,10 +67,13 @@ def test_rows_join_under_the_delayed_cache(ort):
 
 
 def test_seeded_rows_join_with_their_own_noise(ort):
-    kw = {"strategy": "spd", "beam_width": 4, "gen_length": GEN}
+    """Joins at the first and third boundary (none at the second) while LONGER's 104-character
+    answer keeps the batch running for four blocks."""
+    kw = {"strategy": "spd", "beam_width": 4, "gen_length": 2 * GEN}
     rows = [RowOptions(temperature=0.7, top_p=0.9, seed=s) for s in (1, 2, 3)]
-    got = run(ort, [LONG], rows[:1], joiner([(SHORT, rows[1])], [], [(LONGER, rows[2])]), **kw)
-    for i, (p, o) in enumerate(zip([LONG, SHORT, LONGER], rows)):
+    got = run(ort, [LONGER], rows[:1], joiner([(SHORT, rows[1])], [], [(LONG, rows[2])]), **kw)
+    assert sorted(got) == [0, 1, 2]
+    for i, (p, o) in enumerate(zip([LONGER, SHORT, LONG], rows)):
         assert got.get(i) == alone(ort, p, o, **kw), (i, p)
 
 

@@ -25,7 +25,7 @@ from dllm_deploy.runtime.noise import uniforms
 from dllm_deploy.runtime.rows import RowOptions
 
 SAMPLE = {"temperature": 0.7, "top_p": 0.9}
-HOT = {"temperature": 1.5}     # the tiny model is confident: at 0.7 / top-p 0.9 most choices are its top-1
+HOT = {"temperature": 2.0}     # the tiny model is confident: at 0.7 / top-p 0.9 (and at 1.5 on most prompts) its top-1
 PROMPTS = [e.prompt for e in tasks.eval_split(families=tasks.FAMILIES, n=1)]
 GEN = 64
 
@@ -64,11 +64,16 @@ def test_different_seeds_differ_and_temperature_0_is_greedy(ort_rt):
 @pytest.mark.parametrize("base", ["vanilla", "threshold"])
 def test_lossless_spd_returns_the_base_rules_tokens_under_sampling(ort_rt, tiny_runtime, base):
     greedy = ids(ort_rt.generate(PROMPTS, strategy=base, gen_length=GEN))
+    spd_forwards = base_forwards = 0
     for seed, opts in ((0, SAMPLE), (1, SAMPLE), (2, SAMPLE), (0, HOT)):
         want = ort_rt.generate(PROMPTS, strategy=base, seed=seed, gen_length=GEN, **opts)
         got = ort_rt.generate(PROMPTS, strategy="spd", base=base, beam_width=4, seed=seed, gen_length=GEN, **opts)
         assert ids(got) == ids(want), (base, seed, opts)
-        assert sum(r.forwards for r in got) < sum(r.forwards for r in want)
+        # a verified draft only ever saves forwards; how many depends on the model and the prompts
+        assert sum(r.forwards for r in got) <= sum(r.forwards for r in want), (base, seed, opts)
+        spd_forwards += sum(r.forwards for r in got)
+        base_forwards += sum(r.forwards for r in want)
+    assert spd_forwards < base_forwards
     assert ids(want) != greedy          # HOT: sampled, not the greedy tokens
     for p in PROMPTS[:2]:       # torch too
         want = tiny_runtime.generate(p, strategy=base, seed=3, gen_length=GEN, **HOT)[0].token_ids
