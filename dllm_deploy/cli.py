@@ -485,7 +485,8 @@ def cmd_distill(a) -> int:
     c = DistillConfig(steps=a.steps, batch=a.batch, lr=a.lr, seed=a.seed, entropy_weight=a.entropy_weight,
                       entropy_temperature=a.entropy_temperature, teacher_prompts=a.teacher_prompts,
                       reference_share=a.reference_share, gen_length=a.gen_length, threads=a.threads,
-                      time_limit=a.time_limit, mix=mix, dist=a.dist)
+                      time_limit=a.time_limit, mix=mix, dist=a.dist, policy_share=a.policy_share,
+                      policy_tau=a.policy_tau, policy_every=a.policy_every)
     tty = sys.stderr.isatty() and not a.json
     log = (lambda msg: None) if a.json else (lambda msg: print(msg, file=sys.stderr))
     rec = distill(a.model, a.out, teacher=a.teacher, prompts=a.prompts, dcfg=c, force=a.force, log=log,
@@ -684,6 +685,11 @@ def build_parser() -> argparse.ArgumentParser:
     ds.add_argument("--mix", default="", help="task family weights, e.g. count=2,text=0.3 (bundled tasks only)")
     ds.add_argument("--dist", default="train", choices=("train", "core"),
                     help="bundled tasks' distribution: train (original + broad inputs) or core (the original only)")
+    ds.add_argument("--policy-share", type=float, default=0.0,
+                    help="share of teacher-answer blocks noised as the threshold rule's own states "
+                         "(block-causal models; 0: none)")
+    ds.add_argument("--policy-tau", type=float, default=0.9, help="the threshold rule whose states those are")
+    ds.add_argument("--policy-every", type=int, default=250, help="steps between recomputing them with the current student")
     ds.add_argument("--threads", type=int, default=2)
     ds.add_argument("--time-limit", type=float, default=0, help="stop and write after this many seconds of training; the learning rate anneals by then (0: none)")
     ds.add_argument("--force", action="store_true", help="replace a checkpoint this command wrote")

@@ -57,6 +57,9 @@ class DistillConfig:
     threads: int = 2
     time_limit: float = 0.0               # seconds; 0: none
     dist: str = "train"                   # bundled tasks: "train" (core + broad inputs) or "core"
+    policy_share: float = 0.0             # share of teacher-answer blocks noised as the threshold rule's own states
+    policy_tau: float = 0.9               # the threshold rule whose states those are
+    policy_every: int = 250               # steps between recomputing those states with the current student
     mix: dict = field(default_factory=lambda: {"upper": 1.2, "reverse": 2.0, "kv": 1.0, "csv": 1.0,
                                                "count": 2.0, "letter": 1.0, "text": 0.3})
 
@@ -156,8 +159,29 @@ def _semi_ar_row(p: list[int], answer: list[int], eos: int, mask_id: int, block:
     return ids, list(range(len(ids))), tgt, lf
 
 
-def make_batch(rows, cfg, rng: random.Random, suffix_share: float):
-    """(prompt ids, answer ids) pairs -> ids, positions, mask, targets, loss flags tensors."""
+def _policy_noise(block_states: list, share: float, block: int, mask_id: int, base):
+    """Noise for one answer: each block, with probability ``share`` and where states were recorded,
+    one of the threshold rule's states of that block (True = masked), else ``base``."""
+    def noise(a, tok, rng):
+        noisy, lossf = [], []
+        for b in range(len(a) // block):
+            seg = a[b * block:(b + 1) * block]
+            states = block_states[b] if b < len(block_states) else ()
+            if states and rng.random() < share:
+                m = rng.choice(states)
+                noisy += [mask_id if x else t for x, t in zip(m, seg)]
+                lossf += [int(x) for x in m]
+            else:
+                n, f = base(seg, tok, rng)
+                noisy += n
+                lossf += f
+        return noisy, lossf
+    return noise
+
+
+def make_batch(rows, cfg, rng: random.Random, suffix_share: float, policy_share: float = 0.0):
+    """(prompt ids, answer ids[, per-block policy states]) rows -> ids, positions, mask, targets,
+    loss flags tensors."""
     import torch
 
     from .models import train
@@ -165,9 +189,11 @@ def make_batch(rows, cfg, rng: random.Random, suffix_share: float):
     if cfg.attention == "block_causal":
         tok = SimpleNamespace(EOS=cfg.eos_token_id, MASK=cfg.mask_token_id, PAD=pad)
         noise = _block_noise(cfg.block_size, cfg.mask_token_id, suffix_share)
-        built = [train.build_row_ids(p, a, tok, rng, 1, noise, block=cfg.block_size) for p, a in rows]
+        built = [train.build_row_ids(r[0], r[1], tok, rng, 1,
+                                     _policy_noise(r[2], policy_share, cfg.block_size, cfg.mask_token_id, noise)
+                                     if len(r) > 2 and r[2] else noise, block=cfg.block_size) for r in rows]
         return train.make_batch(rng, len(built), tok, set(), rows=built)
-    built = [_semi_ar_row(p, a, cfg.eos_token_id, cfg.mask_token_id, cfg.block_size, rng, suffix_share) for p, a in rows]
+    built = [_semi_ar_row(r[0], r[1], cfg.eos_token_id, cfg.mask_token_id, cfg.block_size, rng, suffix_share) for r in rows]
     s = max(len(r[0]) for r in built)
     lens = torch.tensor([len(r[0]) for r in built])
     valid = torch.arange(s)[None] < lens[:, None]                              # (B,S) real positions
@@ -176,6 +202,57 @@ def make_batch(rows, cfg, rng: random.Random, suffix_share: float):
     def col(i, v):
         return torch.tensor([r[i] + [v] * (s - len(r[i])) for r in built], dtype=torch.long)
     return col(0, pad), col(1, 0), mask[:, None], col(2, 0), col(3, 0).bool()
+
+
+def policy_states(student, cfg, rows, tau: float, batch: int = 16) -> tuple[list, dict]:
+    """The states the threshold rule (``tau``) passes through when the student decodes each row's
+    answer with the right token written wherever the rule commits (teacher forcing): per row, per
+    answer block, the masked positions before each step (tuples of bools). A block-causal model's
+    block sees only the clean blocks before it, so every block of a row advances in the same
+    forward of the vectorised block-diffusion row. Also returns counts: ``commits``, ``wrong``
+    (commits where the student's top-1 was not the answer's token) and ``block_steps``."""
+    import numpy as np
+    import torch
+
+    from .models import train
+    from .runtime.rules import Threshold
+    rule, L, mask_id = Threshold(tau), cfg.block_size, cfg.mask_token_id
+    pad = cfg.pad_token_id if cfg.pad_token_id is not None else cfg.eos_token_id
+    tok = SimpleNamespace(EOS=cfg.eos_token_id, MASK=mask_id, PAD=pad)
+    out, commits, wrong, block_steps = [], 0, 0, 0
+    for i in range(0, len(rows), batch):
+        chunk = rows[i:i + batch]
+        answers = []
+        for _, a in chunk:
+            a = list(a) + [cfg.eos_token_id]
+            answers.append(np.array(a + [cfg.eos_token_id] * (-len(a) % L)))
+        cur = [np.full(len(a), mask_id) for a in answers]
+        states = [[[] for _ in range(len(a) // L)] for a in answers]
+        for step in range(L):
+            active = [k for k in range(len(chunk)) if (cur[k] == mask_id).any()]
+            if not active:
+                break
+            built = [train.build_row_ids(chunk[k][0], chunk[k][1], tok, None, 1, block=L,
+                                         noise=lambda a, t, r, s=cur[k]: (s.tolist(), [0] * len(s))) for k in active]
+            ids, pos, mask, _, _ = train.make_batch(None, len(built), tok, set(), rows=built)
+            with torch.no_grad():
+                conf, top = torch.softmax(student(ids, pos, mask)[0].float(), -1).max(-1)
+            for j, k in enumerate(active):
+                a, start = answers[k], len(built[j][0]) - len(answers[k])     # the noisy copy ends the row
+                c, t = conf[j, start:start + len(a)].numpy(), top[j, start:start + len(a)].numpy()
+                for b in range(len(a) // L):
+                    sl = slice(b * L, (b + 1) * L)
+                    st = cur[k][sl]
+                    if not (st == mask_id).any():
+                        continue
+                    states[k][b].append(tuple(bool(x) for x in st == mask_id))
+                    hit = rule.positions(st, c[sl], step, mask_id)
+                    commits += len(hit)
+                    wrong += int((t[sl][hit] != a[sl][hit]).sum())
+                    block_steps += 1
+                    st[hit] = a[sl][hit]
+        out.extend(states)
+    return out, {"commits": commits, "wrong": wrong, "block_steps": block_steps}
 
 
 def certainty_loss(logits, targets, temperature: float):
@@ -269,6 +346,8 @@ def distill(model: str, out: str | Path, teacher: str | None = None, prompts: st
     c = dcfg or DistillConfig()
     if c.steps < 1 or c.batch < 1 or c.teacher_prompts < 0 or not 0 <= c.reference_share <= 1 or c.lr <= 0:
         raise UserError("--steps, --batch must be >= 1, --teacher-prompts >= 0, --lr > 0, --reference-share in [0, 1]")
+    if not 0 <= c.policy_share <= 1 or not 0 < c.policy_tau <= 1 or c.policy_every < 1:
+        raise UserError("--policy-share must be in [0, 1], --policy-tau in (0, 1], --policy-every >= 1")
     src = resolve_model_dir(model)
     tsrc = resolve_model_dir(teacher) if teacher else src
     out = Path(out)
@@ -278,6 +357,9 @@ def distill(model: str, out: str | Path, teacher: str | None = None, prompts: st
     rng = random.Random(c.seed)
     student, cfg = load_model(src)
     tokenizer = load_tokenizer(src, cfg.eos_token_id)
+    if c.policy_share > 0 and cfg.attention != "block_causal":
+        raise UserError("--policy-share: the threshold rule's states are built for block-causal models "
+                        f"(this checkpoint is {cfg.attention})")
     source = FileSource(Path(prompts), c.seed) if prompts else TaskSource(c.mix, c.seed, c.dist)
     if not source.has_reference and c.teacher_prompts == 0:
         raise UserError("the prompts have no reference answers: the teacher must decode some (--teacher-prompts > 0)")
@@ -285,15 +367,32 @@ def distill(model: str, out: str | Path, teacher: str | None = None, prompts: st
     if c.teacher_prompts == 0:
         share = 1.0
     cpu0, t0 = resource.getrusage(resource.RUSAGE_SELF), time.time()
+    log_lines: list[str] = []
 
     log(f"teacher {tsrc}: decoding {c.teacher_prompts} prompts (vanilla, one token per step)")
     teacher_rows, tstats = (teacher_set(tsrc, tokenizer, source, c.teacher_prompts, c.gen_length, progress and progress("teacher", c.teacher_prompts))
                             if c.teacher_prompts else ([], {"teacher_decoded": 0}))
     log(f"teacher: {tstats.get('teacher_kept', 0)} answers kept, {tstats.get('replaced_by_reference', 0)} replaced by the reference")
 
-    student.train().set_attention("sdpa")
+    student.set_attention("sdpa")
+    policy: list = [[] for _ in teacher_rows]
+    pstats: list[dict] = []
+
+    def refresh(step: int) -> None:
+        nonlocal policy
+        student.eval()
+        policy, st = policy_states(student, cfg, teacher_rows, c.policy_tau)
+        student.train()
+        st = {"phase": "policy", "step": step, "tau": c.policy_tau, **st,
+              "wrong_share": round(st["wrong"] / max(1, st["commits"]), 4),
+              "tokens_per_step": round(st["commits"] / max(1, st["block_steps"]), 3)}
+        pstats.append(st)
+        log_lines.append(json.dumps(st))
+        log(f"threshold-rule states (tau {c.policy_tau}): {st['wrong_share']:.1%} of commits wrong, "
+            f"{st['tokens_per_step']:.2f} tokens per block step")
+
+    student.train()
     opt = torch.optim.AdamW(student.parameters(), lr=c.lr, betas=(0.9, 0.98), weight_decay=0.01)
-    log_lines: list[str] = []
     ema_ce = ema_h = None
     bar = progress and progress("distill", c.steps)
     step = 0
@@ -305,15 +404,18 @@ def distill(model: str, out: str | Path, teacher: str | None = None, prompts: st
         lr = c.lr * min(1.0, step / c.warmup) * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, done))))
         for g in opt.param_groups:
             g["lr"] = lr
+        if c.policy_share > 0 and teacher_rows and (step - 1) % c.policy_every == 0:
+            refresh(step - 1)
         rows = []
         for _ in range(c.batch):
             if teacher_rows and rng.random() >= share:
-                rows.append(rng.choice(teacher_rows))
+                k = rng.randrange(len(teacher_rows))
+                rows.append((*teacher_rows[k], policy[k]))
             else:
                 ex = source.draw()
                 rows.append((tokenizer.encode(ex.prompt), tokenizer.encode(ex.answer)))
         rows.sort(key=lambda r: len(r[0]) + len(r[1]))
-        ids, pos, mask, tgt, lf = make_batch(rows, cfg, rng, c.suffix_share)
+        ids, pos, mask, tgt, lf = make_batch(rows, cfg, rng, c.suffix_share, c.policy_share)
         logits, _ = student(ids, pos, mask)
         z, y = logits[lf], tgt[lf]
         ce = F.cross_entropy(z, y)
@@ -338,6 +440,8 @@ def distill(model: str, out: str | Path, teacher: str | None = None, prompts: st
         if c.time_limit and time.time() - t_train >= c.time_limit:
             timed_out = True
             break
+    if c.policy_share > 0 and teacher_rows:
+        refresh(step)
     student.eval()
     cpu1 = resource.getrusage(resource.RUSAGE_SELF)
     record = {
@@ -346,7 +450,8 @@ def distill(model: str, out: str | Path, teacher: str | None = None, prompts: st
                     "states": cfg.attention, "wall_s": round(time.time() - t0, 1),
                     "cpu_s": round(cpu1.ru_utime + cpu1.ru_stime - cpu0.ru_utime - cpu0.ru_stime, 1),
                     "final_ce_ema": round(ema_ce, 4), "final_entropy_ema": round(ema_h, 4),
-                    "torch": torch.__version__, **tstats},
+                    "torch": torch.__version__, **tstats,
+                    **({"policy_first": pstats[0], "policy_last": pstats[-1]} if pstats else {})},
         "previous": _read_record(src),
     }
     with lock_target(out):

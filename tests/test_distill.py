@@ -111,3 +111,59 @@ def test_core_source_draws_only_the_original_distribution():
     from dllm_deploy.errors import UserError
     with pytest.raises(UserError):
         TaskSource({"upper": 1.0}, seed=0, dist="general")
+
+
+def test_policy_states_replay_the_runtimes_threshold_decode():
+    """Teacher-forced on the runtime's own τ 0.9 answer, the recorded states are the runtime's
+    trajectory: one state per forward, each block's first state fully masked, each next one a
+    strict subset, and no commit disagrees with the answer."""
+    import torch
+
+    from dllm_deploy import Runtime
+    from dllm_deploy.distill import policy_states
+    from dllm_deploy.models.loading import load_model, resolve_model_dir
+    from dllm_deploy.models.tokenizer import load_tokenizer
+    src = resolve_model_dir("tiny")
+    model, cfg = load_model(src)
+    model.eval().set_attention("sdpa")
+    tok = load_tokenizer(src, cfg.eos_token_id)
+    rt = Runtime.load(model="tiny")
+    prompts = ["upper: hello world from the diffusion model\n",
+               "kv: hyb=2yyy6 hzk=4nz zeu=u8n8m vib=6uru mmb=e3ike tyj=foxc ? vib zeu hzk mmb hyb\n"]
+    results = rt.generate(prompts, strategy="threshold", threshold=0.9, gen_length=128)
+    rows = [(tok.encode(p), [t for t in r.token_ids if t != cfg.eos_token_id]) for p, r in zip(prompts, results)]
+    with torch.no_grad():
+        states, counts = policy_states(model, cfg, rows, 0.9)
+    assert counts["wrong"] == 0
+    assert counts["commits"] == sum((len(a) + 1 + 31) // 32 * 32 for _, a in rows)
+    for r, blocks in zip(results, states):
+        assert sum(len(b) for b in blocks) == r.forwards
+        for b in blocks:
+            assert all(b[0])
+            assert all(set(_masked(nxt)) < set(_masked(prev)) for prev, nxt in zip(b, b[1:]))
+    assert results[1].forwards > len(states[1])                 # kv takes several steps per block
+
+
+def _masked(state):
+    return [i for i, m in enumerate(state) if m]
+
+
+def test_distill_with_policy_states_logs_their_calibration(tmp_path, capsys):
+    out = tmp_path / "student"
+    assert _distill("tiny", out, "--policy-share", "1", "--policy-every", "2") == 0
+    d = json.loads(capsys.readouterr().out)["distill"]
+    assert d["policy_first"]["step"] == 0 and d["policy_last"]["step"] == 3
+    assert d["policy_first"]["commits"] > 0 and 0 <= d["policy_first"]["wrong_share"] <= 1
+    log = [json.loads(x) for x in (out / "train_log.jsonl").read_text().splitlines()]
+    assert [x["step"] for x in log if x["phase"] == "policy"] == [0, 2, 3]
+
+
+def test_policy_states_need_a_block_causal_model(tmp_path, capsys):
+    src = write_checkpoint(tmp_path / "llada", "llada")
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text(json.dumps({"prompt": "q: abc"}) + "\n")
+    assert _distill(src, tmp_path / "a", "--prompts", str(prompts), "--policy-share", "0.5") == 2
+    assert _distill("tiny", tmp_path / "b", "--policy-share", "1.5") == 2
+    err = capsys.readouterr().err
+    assert "block-causal" in err and "--policy-share must be in [0, 1]" in err and "Traceback" not in err
+    assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
