@@ -75,7 +75,7 @@ phase2-flags:
 	@echo $(PHASE2_FLAGS)
 
 # Self-distillation of the bundled model with the best recipe measured on checkpoints/tiny-core
-# (docs/distill.md: in distribution, cross-entropy only; about 45 CPU-minutes; not part of CI).
+# (docs/distill.md: in distribution, cross-entropy only; about 28 minutes on 2 cores, 55 CPU-minutes; not part of CI).
 # The student goes to build/tiny-distilled. --force replaces only a checkpoint that distill wrote.
 distill: $(STAMP)
 	$(VENV)/bin/dllm-deploy distill --model $(TINY) --out build/tiny-distilled --force $(DISTILL_FLAGS)
