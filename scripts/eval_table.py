@@ -10,7 +10,8 @@ from pathlib import Path
 
 
 def runs(folder: Path) -> dict:
-    return {f.stem: json.loads(f.read_text())["overall"] for f in sorted(folder.glob("*.json"))}
+    # an empty file is a run scripts/eval_distill.sh is still writing: left out until it ends
+    return {f.stem: json.loads(f.read_text())["overall"] for f in sorted(folder.glob("*.json")) if f.stat().st_size}
 
 
 def main(args: list[str]) -> None:
