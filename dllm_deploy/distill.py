@@ -144,13 +144,24 @@ def _block_noise(block: int, mask_id: int, suffix_share: float):
     return lambda a, tok, rng: train.mask_blocks(a, mask_id, rng, block, suffix_share, lambda u: 1.0 - u * u)
 
 
+def _padded(answer, eos: int, block: int) -> list[int]:
+    """The answer, its EOS, and EOS up to a whole number of blocks (the rows' answer layout)."""
+    a = list(answer) + [eos]
+    return a + [eos] * (-len(a) % block)
+
+
+def _tokens(cfg) -> SimpleNamespace:
+    """The special ids ``models/train.py``'s row builders take."""
+    pad = cfg.pad_token_id if cfg.pad_token_id is not None else cfg.eos_token_id
+    return SimpleNamespace(EOS=cfg.eos_token_id, MASK=cfg.mask_token_id, PAD=pad)
+
+
 def _semi_ar_row(p: list[int], answer: list[int], eos: int, mask_id: int, block: int, rng: random.Random,
                  suffix_share: float):
     """A bidirectional model's state: blocks before an active one clean, the active block noised,
     later blocks masked (their positions are not in the loss: the runtime never commits them
     from such a state). Returns ids, positions, targets, loss flags."""
-    a = list(answer) + [eos]
-    a += [eos] * (-len(a) % block)
+    a = _padded(answer, eos, block)
     n = rng.randrange(len(a) // block)
     noisy, lossf = _block_noise(block, mask_id, suffix_share)(a[n * block:(n + 1) * block], None, rng)
     ids = p + a[:n * block] + noisy + [mask_id] * (len(a) - (n + 1) * block)
@@ -185,9 +196,8 @@ def make_batch(rows, cfg, rng: random.Random, suffix_share: float, policy_share:
     import torch
 
     from .models import train
-    pad = cfg.pad_token_id if cfg.pad_token_id is not None else cfg.eos_token_id
+    tok = _tokens(cfg)
     if cfg.attention == "block_causal":
-        tok = SimpleNamespace(EOS=cfg.eos_token_id, MASK=cfg.mask_token_id, PAD=pad)
         noise = _block_noise(cfg.block_size, cfg.mask_token_id, suffix_share)
         built = [train.build_row_ids(r[0], r[1], tok, rng, 1,
                                      _policy_noise(r[2], policy_share, cfg.block_size, cfg.mask_token_id, noise)
@@ -201,7 +211,7 @@ def make_batch(rows, cfg, rng: random.Random, suffix_share: float, policy_share:
 
     def col(i, v):
         return torch.tensor([r[i] + [v] * (s - len(r[i])) for r in built], dtype=torch.long)
-    return col(0, pad), col(1, 0), mask[:, None], col(2, 0), col(3, 0).bool()
+    return col(0, tok.PAD), col(1, 0), mask[:, None], col(2, 0), col(3, 0).bool()
 
 
 def policy_states(student, cfg, rows, tau: float, batch: int = 16) -> tuple[list, dict]:
@@ -210,22 +220,18 @@ def policy_states(student, cfg, rows, tau: float, batch: int = 16) -> tuple[list
     answer block, the masked positions before each step (tuples of bools). A block-causal model's
     block sees only the clean blocks before it, so every block of a row advances in the same
     forward of the vectorised block-diffusion row. Also returns counts: ``commits``, ``wrong``
-    (commits where the student's top-1 was not the answer's token) and ``block_steps``."""
+    (commits where the student's top-1 was not the answer's token), ``block_steps``, and from them
+    ``wrong_share`` and ``tokens_per_step``."""
     import numpy as np
     import torch
 
     from .models import train
     from .runtime.rules import Threshold
-    rule, L, mask_id = Threshold(tau), cfg.block_size, cfg.mask_token_id
-    pad = cfg.pad_token_id if cfg.pad_token_id is not None else cfg.eos_token_id
-    tok = SimpleNamespace(EOS=cfg.eos_token_id, MASK=mask_id, PAD=pad)
+    rule, L, mask_id, tok = Threshold(tau), cfg.block_size, cfg.mask_token_id, _tokens(cfg)
     out, commits, wrong, block_steps = [], 0, 0, 0
     for i in range(0, len(rows), batch):
         chunk = rows[i:i + batch]
-        answers = []
-        for _, a in chunk:
-            a = list(a) + [cfg.eos_token_id]
-            answers.append(np.array(a + [cfg.eos_token_id] * (-len(a) % L)))
+        answers = [np.array(_padded(a, tok.EOS, L)) for _, a in chunk]
         cur = [np.full(len(a), mask_id) for a in answers]
         states = [[[] for _ in range(len(a) // L)] for a in answers]
         for step in range(L):
@@ -252,7 +258,8 @@ def policy_states(student, cfg, rows, tau: float, batch: int = 16) -> tuple[list
                     block_steps += 1
                     st[hit] = a[sl][hit]
         out.extend(states)
-    return out, {"commits": commits, "wrong": wrong, "block_steps": block_steps}
+    return out, {"commits": commits, "wrong": wrong, "block_steps": block_steps,
+                 "wrong_share": round(wrong / max(1, commits), 4), "tokens_per_step": round(commits / max(1, block_steps), 3)}
 
 
 def certainty_loss(logits, targets, temperature: float):
@@ -383,9 +390,7 @@ def distill(model: str, out: str | Path, teacher: str | None = None, prompts: st
         student.eval()
         policy, st = policy_states(student, cfg, teacher_rows, c.policy_tau)
         student.train()
-        st = {"phase": "policy", "step": step, "tau": c.policy_tau, **st,
-              "wrong_share": round(st["wrong"] / max(1, st["commits"]), 4),
-              "tokens_per_step": round(st["commits"] / max(1, st["block_steps"]), 3)}
+        st = {"phase": "policy", "step": step, "tau": c.policy_tau, **st}
         pstats.append(st)
         log_lines.append(json.dumps(st))
         log(f"threshold-rule states (tau {c.policy_tau}): {st['wrong_share']:.1%} of commits wrong, "

@@ -32,9 +32,7 @@ def main() -> None:
         tok = load_tokenizer(src, cfg.eos_token_id)
         rows = [(tok.encode(e.prompt), tok.encode(e.answer)) for e in examples]
         _, c = policy_states(model, cfg, rows, a.tau)
-        print(json.dumps({"model": m, "split": a.split, "tau": a.tau, **c,
-                          "wrong_share": round(c["wrong"] / c["commits"], 4),
-                          "tokens_per_step": round(c["commits"] / c["block_steps"], 2)}))
+        print(json.dumps({"model": m, "split": a.split, "tau": a.tau, **c}))
 
 
 if __name__ == "__main__":
