@@ -486,7 +486,7 @@ def cmd_distill(a) -> int:
                       entropy_temperature=a.entropy_temperature, teacher_prompts=a.teacher_prompts,
                       reference_share=a.reference_share, gen_length=a.gen_length, threads=a.threads,
                       time_limit=a.time_limit, mix=mix, dist=a.dist, policy_share=a.policy_share,
-                      policy_tau=a.policy_tau, policy_every=a.policy_every)
+                      policy_tau=a.policy_tau, policy_every=a.policy_every, policy_pool=a.policy_pool)
     tty = sys.stderr.isatty() and not a.json
     log = (lambda msg: None) if a.json else (lambda msg: print(msg, file=sys.stderr))
     rec = distill(a.model, a.out, teacher=a.teacher, prompts=a.prompts, dcfg=c, force=a.force, log=log,
@@ -690,6 +690,9 @@ def build_parser() -> argparse.ArgumentParser:
                          "(block-causal models; 0: none)")
     ds.add_argument("--policy-tau", type=float, default=0.9, help="the threshold rule whose states those are")
     ds.add_argument("--policy-every", type=int, default=250, help="steps between recomputing them with the current student")
+    ds.add_argument("--policy-pool", type=int, default=0,
+                    help="record the states of this many fresh reference answers, redrawn every --policy-every steps, "
+                         "and draw the batch's reference rows from them (0: the teacher's answers)")
     ds.add_argument("--threads", type=int, default=2)
     ds.add_argument("--time-limit", type=float, default=0, help="stop and write after this many seconds of training; the learning rate anneals by then (0: none)")
     ds.add_argument("--force", action="store_true", help="replace a checkpoint this command wrote")

@@ -60,6 +60,7 @@ class DistillConfig:
     policy_share: float = 0.0             # share of teacher-answer blocks noised as the threshold rule's own states
     policy_tau: float = 0.9               # the threshold rule whose states those are
     policy_every: int = 250               # steps between recomputing those states with the current student
+    policy_pool: int = 0                  # >0: the states are of this many fresh reference answers, redrawn each time
     mix: dict = field(default_factory=lambda: {"upper": 1.2, "reverse": 2.0, "kv": 1.0, "csv": 1.0,
                                                "count": 2.0, "letter": 1.0, "text": 0.3})
 
@@ -353,8 +354,10 @@ def distill(model: str, out: str | Path, teacher: str | None = None, prompts: st
     c = dcfg or DistillConfig()
     if c.steps < 1 or c.batch < 1 or c.teacher_prompts < 0 or not 0 <= c.reference_share <= 1 or c.lr <= 0:
         raise UserError("--steps, --batch must be >= 1, --teacher-prompts >= 0, --lr > 0, --reference-share in [0, 1]")
-    if not 0 <= c.policy_share <= 1 or not 0 < c.policy_tau <= 1 or c.policy_every < 1:
-        raise UserError("--policy-share must be in [0, 1], --policy-tau in (0, 1], --policy-every >= 1")
+    if not 0 <= c.policy_share <= 1 or not 0 < c.policy_tau <= 1 or c.policy_every < 1 or c.policy_pool < 0:
+        raise UserError("--policy-share must be in [0, 1], --policy-tau in (0, 1], --policy-every >= 1, --policy-pool >= 0")
+    if c.policy_pool and not c.policy_share:
+        raise UserError("--policy-pool: set --policy-share too (the share of the pool's blocks noised as the rule's states)")
     src = resolve_model_dir(model)
     tsrc = resolve_model_dir(teacher) if teacher else src
     out = Path(out)
@@ -370,6 +373,8 @@ def distill(model: str, out: str | Path, teacher: str | None = None, prompts: st
     source = FileSource(Path(prompts), c.seed) if prompts else TaskSource(c.mix, c.seed, c.dist)
     if not source.has_reference and c.teacher_prompts == 0:
         raise UserError("the prompts have no reference answers: the teacher must decode some (--teacher-prompts > 0)")
+    if c.policy_pool and not source.has_reference:
+        raise UserError("--policy-pool: the prompts have no reference answers (every record needs an \"answer\")")
     share = c.reference_share if source.has_reference else 0.0
     if c.teacher_prompts == 0:
         share = 1.0
@@ -382,19 +387,29 @@ def distill(model: str, out: str | Path, teacher: str | None = None, prompts: st
     log(f"teacher: {tstats.get('teacher_kept', 0)} answers kept, {tstats.get('replaced_by_reference', 0)} replaced by the reference")
 
     student.set_attention("sdpa")
-    policy: list = [[] for _ in teacher_rows]
+    # the rows whose threshold-rule states are recorded: the teacher's answers, or (--policy-pool)
+    # fresh reference answers, redrawn at every refresh so that no answer is seen often enough to learn
+    tracked = [] if c.policy_pool else teacher_rows
+    policy: list = [[] for _ in tracked]
     pstats: list[dict] = []
 
+    def fresh_row() -> tuple:
+        ex = source.draw()
+        return tokenizer.encode(ex.prompt), tokenizer.encode(ex.answer)
+
     def refresh(step: int) -> None:
-        nonlocal policy
+        nonlocal policy, tracked
         student.eval()
-        policy, st = policy_states(student, cfg, teacher_rows, c.policy_tau)
+        if c.policy_pool:
+            tracked = [fresh_row() for _ in range(c.policy_pool)]
+        policy, st = policy_states(student, cfg, tracked, c.policy_tau)
         student.train()
-        st = {"phase": "policy", "step": step, "tau": c.policy_tau, **st}
+        st = {"phase": "policy", "step": step, "tau": c.policy_tau, "rows": len(tracked),
+              "fresh": bool(c.policy_pool), **st}
         pstats.append(st)
         log_lines.append(json.dumps(st))
-        log(f"threshold-rule states (tau {c.policy_tau}): {st['wrong_share']:.1%} of commits wrong, "
-            f"{st['tokens_per_step']:.2f} tokens per block step")
+        log(f"threshold-rule states (tau {c.policy_tau}, {len(tracked)} {'fresh reference' if c.policy_pool else 'teacher'} "
+            f"answers): {st['wrong_share']:.1%} of commits wrong, {st['tokens_per_step']:.2f} tokens per block step")
 
     student.train()
     opt = torch.optim.AdamW(student.parameters(), lr=c.lr, betas=(0.9, 0.98), weight_decay=0.01)
@@ -409,16 +424,18 @@ def distill(model: str, out: str | Path, teacher: str | None = None, prompts: st
         lr = c.lr * min(1.0, step / c.warmup) * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, done))))
         for g in opt.param_groups:
             g["lr"] = lr
-        if c.policy_share > 0 and teacher_rows and (step - 1) % c.policy_every == 0:
+        if c.policy_share > 0 and (teacher_rows or c.policy_pool) and (step - 1) % c.policy_every == 0:
             refresh(step - 1)
         rows = []
         for _ in range(c.batch):
             if teacher_rows and rng.random() >= share:
                 k = rng.randrange(len(teacher_rows))
-                rows.append((*teacher_rows[k], policy[k]))
+                rows.append((*teacher_rows[k], () if c.policy_pool else policy[k]))
+            elif c.policy_pool:
+                k = rng.randrange(len(tracked))
+                rows.append((*tracked[k], policy[k]))
             else:
-                ex = source.draw()
-                rows.append((tokenizer.encode(ex.prompt), tokenizer.encode(ex.answer)))
+                rows.append(fresh_row())
         rows.sort(key=lambda r: len(r[0]) + len(r[1]))
         ids, pos, mask, tgt, lf = make_batch(rows, cfg, rng, c.suffix_share, c.policy_share)
         logits, _ = student(ids, pos, mask)
@@ -445,7 +462,7 @@ def distill(model: str, out: str | Path, teacher: str | None = None, prompts: st
         if c.time_limit and time.time() - t_train >= c.time_limit:
             timed_out = True
             break
-    if c.policy_share > 0 and teacher_rows:
+    if c.policy_share > 0 and (teacher_rows or c.policy_pool):
         refresh(step)
     student.eval()
     cpu1 = resource.getrusage(resource.RUSAGE_SELF)

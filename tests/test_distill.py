@@ -158,6 +158,28 @@ def test_distill_with_policy_states_logs_their_calibration(tmp_path, capsys):
     assert [x["step"] for x in log if x["phase"] == "policy"] == [0, 2, 3]
 
 
+def test_distill_policy_pool_records_fresh_reference_answers(tmp_path, capsys):
+    out = tmp_path / "student"
+    assert _distill("tiny", out, "--teacher-prompts", "0", "--policy-share", "1", "--policy-pool", "6",
+                    "--policy-every", "2") == 0
+    d = json.loads(capsys.readouterr().out)["distill"]
+    assert d["teacher_decoded"] == 0 and d["policy_pool"] == 6
+    log = [json.loads(x) for x in (out / "train_log.jsonl").read_text().splitlines()]
+    pol = [x for x in log if x["phase"] == "policy"]
+    assert [x["step"] for x in pol] == [0, 2, 3]
+    assert all(x["rows"] == 6 and x["fresh"] and x["commits"] > 0 for x in pol)
+
+
+def test_policy_pool_needs_a_share_and_reference_answers(tmp_path, capsys):
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text(json.dumps({"prompt": "upper: abc\n"}) + "\n")
+    assert _distill("tiny", tmp_path / "a", "--policy-pool", "8") == 2
+    assert _distill("tiny", tmp_path / "b", "--prompts", str(prompts), "--policy-share", "1", "--policy-pool", "8") == 2
+    err = capsys.readouterr().err
+    assert "set --policy-share too" in err and "no reference answers" in err and "Traceback" not in err
+    assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
+
+
 def test_policy_states_need_a_block_causal_model(tmp_path, capsys):
     src = write_checkpoint(tmp_path / "llada", "llada")
     prompts = tmp_path / "prompts.jsonl"
