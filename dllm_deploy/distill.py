@@ -390,6 +390,7 @@ def distill(model: str, out: str | Path, teacher: str | None = None, prompts: st
     # the rows whose threshold-rule states are recorded: the teacher's answers, or (--policy-pool)
     # fresh reference answers, redrawn at every refresh so that no answer is seen often enough to learn
     tracked = [] if c.policy_pool else teacher_rows
+    recording = c.policy_share > 0 and bool(teacher_rows or c.policy_pool)
     policy: list = [[] for _ in tracked]
     pstats: list[dict] = []
 
@@ -424,7 +425,7 @@ def distill(model: str, out: str | Path, teacher: str | None = None, prompts: st
         lr = c.lr * min(1.0, step / c.warmup) * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, done))))
         for g in opt.param_groups:
             g["lr"] = lr
-        if c.policy_share > 0 and (teacher_rows or c.policy_pool) and (step - 1) % c.policy_every == 0:
+        if recording and (step - 1) % c.policy_every == 0:
             refresh(step - 1)
         rows = []
         for _ in range(c.batch):
@@ -462,7 +463,7 @@ def distill(model: str, out: str | Path, teacher: str | None = None, prompts: st
         if c.time_limit and time.time() - t_train >= c.time_limit:
             timed_out = True
             break
-    if c.policy_share > 0 and (teacher_rows or c.policy_pool):
+    if recording:
         refresh(step)
     student.eval()
     cpu1 = resource.getrusage(resource.RUSAGE_SELF)
