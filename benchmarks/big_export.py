@@ -36,14 +36,13 @@ def _shapes(raw: dict) -> dict:
     import torch
 
     from dllm_deploy.models.config import DLLMConfig
-    from dllm_deploy.models.loading import map_name
-    from dllm_deploy.models.transformer import DLLM
-    cfg = DLLMConfig.from_hf(raw)
+    from dllm_deploy.models.registry import family_for
+    cfg, family = DLLMConfig.from_hf(raw), family_for(raw)
     with torch.device("meta"):
-        ours = {k: tuple(v.shape) for k, v in DLLM(cfg).state_dict().items()}
+        ours = {k: tuple(v.shape) for k, v in family.build(cfg).state_dict().items()}
     names = ["model.transformer.wte.weight", "model.transformer.ln_f.weight", "model.transformer.ff_out.weight"]
     names += [f"model.transformer.blocks.{i}.{n}.weight" for i in range(raw["n_layers"]) for n in BLOCK_NAMES]
-    return {n: ours[map_name("llada", n)] for n in names}
+    return {n: ours[family.to_ours(n)] for n in names}
 
 
 def write_checkpoint(folder: Path, n_layers: int, seed: int = 0) -> int:

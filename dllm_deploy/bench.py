@@ -45,7 +45,8 @@ class TimedBackend:
 
     def __init__(self, inner):
         self.inner, self.seconds, self.calls, self.fed = inner, 0.0, 0, 0
-        self.name, self.topk, self.host_excluded = inner.name, inner.topk, inner.host_excluded
+        self.name, self.topk = inner.name, inner.topk
+        self.capabilities = inner.capabilities
         self.sample_pool, self.folder = inner.sample_pool, getattr(inner, "folder", inner.name)
 
     def new_cache(self, *a):

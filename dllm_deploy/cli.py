@@ -188,7 +188,7 @@ def cmd_bench(a) -> int:
     if not 0 <= a.quality_budget < 1:
         raise UserError("--quality-budget is an accuracy difference in [0, 1) (0.01: one point)")
     caches = list(dict.fromkeys(_csv(a.caches)))
-    from .runtime.loop import CACHE_MODES
+    from .decode_rules import CACHE_MODES
     bad = [m for m in caches if m not in CACHE_MODES]
     if bad:
         raise UserError(f"unknown cache mode {bad[0]!r} (expected some of {', '.join(CACHE_MODES)})")

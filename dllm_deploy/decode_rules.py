@@ -74,6 +74,9 @@ STRATEGIES = OPTIONS["strategy"].choices
 SELECTS = OPTIONS["select"].choices
 BASES = OPTIONS["base"].choices
 PRESETS = OPTIONS["tree"].choices      # spd tree shapes (runtime/tree.py builds them)
+CACHE_MODES = OPTIONS["cache"].choices
+# why a cache mode is refused (models/capabilities.py::resolve_cache; generated into C++ too)
+CACHE_MESSAGES: dict[str, str] = json.loads(DECLARATION.read_text(encoding="utf-8"))["cache_messages"]
 
 
 def _num(x) -> str:

@@ -36,6 +36,7 @@ from types import SimpleNamespace
 
 from .artifact.fsio import clean_stale, lock_target, remove_temp_dir, replace_dir, temp_dir
 from .errors import UserError
+from .models.registry import capabilities_of
 
 RECORD = "training.json"      # the training record every checkpoint of ours carries
 LOG = "train_log.jsonl"
@@ -198,7 +199,7 @@ def make_batch(rows, cfg, rng: random.Random, suffix_share: float, policy_share:
 
     from .models import train
     tok = _tokens(cfg)
-    if cfg.attention == "block_causal":
+    if capabilities_of(cfg).block_causal:
         noise = _block_noise(cfg.block_size, cfg.mask_token_id, suffix_share)
         built = [train.build_row_ids(r[0], r[1], tok, rng, 1,
                                      _policy_noise(r[2], policy_share, cfg.block_size, cfg.mask_token_id, noise)
@@ -326,12 +327,13 @@ def _write_checkpoint(model, src: Path, work: Path, record: dict, log_lines: lis
     weights written under the source's own tensor names, the record and the log beside them."""
     from safetensors.torch import save_file
 
-    from .models.loading import map_name, read_tensors
+    from .models.loading import read_tensors
+    from .models.registry import get_family
     ours = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
-    layout = model.config.layout
+    family = get_family(model.config.layout)
     out_tensors = {}
     for name, t in read_tensors(src).items():
-        mapped = map_name(layout, name)
+        mapped = family.to_ours(name)
         out_tensors[name] = ours[mapped].to(t.dtype) if mapped in ours else t
     for f in src.iterdir():
         if f.is_file() and not f.name.endswith(".safetensors") and f.name not in (RECORD, LOG, "model.safetensors.index.json"):
@@ -367,7 +369,7 @@ def distill(model: str, out: str | Path, teacher: str | None = None, prompts: st
     rng = random.Random(c.seed)
     student, cfg = load_model(src)
     tokenizer = load_tokenizer(src, cfg.eos_token_id)
-    if c.policy_share > 0 and cfg.attention != "block_causal":
+    if c.policy_share > 0 and not capabilities_of(cfg).block_causal:
         raise UserError("--policy-share: the threshold rule's states are built for block-causal models "
                         f"(this checkpoint is {cfg.attention})")
     source = FileSource(Path(prompts), c.seed) if prompts else TaskSource(c.mix, c.seed, c.dist)

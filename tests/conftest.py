@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import json
-import re
 from pathlib import Path
 
 import pytest
@@ -28,47 +27,31 @@ LAYOUT_CONFIGS = {
                      "eos_token_id": 298, "block_size": 8, "max_position_embeddings": 256, "head_dim": 16},
 }
 
-# ours -> LLaDA's names (the inverse of the loader's map)
-_TO_LLADA = [
-    (r"model\.embed_tokens\.weight", "model.transformer.wte.weight"),
-    (r"model\.norm\.weight", "model.transformer.ln_f.weight"),
-    (r"lm_head\.weight", "model.transformer.ff_out.weight"),
-    (r"model\.layers\.(\d+)\.input_layernorm\.weight", r"model.transformer.blocks.\1.attn_norm.weight"),
-    (r"model\.layers\.(\d+)\.post_attention_layernorm\.weight", r"model.transformer.blocks.\1.ff_norm.weight"),
-    (r"model\.layers\.(\d+)\.self_attn\.(q|k|v)_proj\.weight", r"model.transformer.blocks.\1.\2_proj.weight"),
-    (r"model\.layers\.(\d+)\.self_attn\.o_proj\.weight", r"model.transformer.blocks.\1.attn_out.weight"),
-    (r"model\.layers\.(\d+)\.mlp\.gate_proj\.weight", r"model.transformer.blocks.\1.ff_proj.weight"),
-    (r"model\.layers\.(\d+)\.mlp\.up_proj\.weight", r"model.transformer.blocks.\1.up_proj.weight"),
-    (r"model\.layers\.(\d+)\.mlp\.down_proj\.weight", r"model.transformer.blocks.\1.ff_out.weight"),
-]
-
-
 def write_checkpoint(folder: Path, layout: str, sharded: bool = False, seed: int = 0, config: dict | None = None) -> Path:
     """A tiny random checkpoint in the layout's own tensor names and config keys (``config``: keys
     that replace the layout's, e.g. a vocabulary for a tokenizer.json beside it)."""
+    raw = {**LAYOUT_CONFIGS[layout], **(config or {})}
+    return write_random_checkpoint(folder, raw, sharded=sharded, seed=seed)
+
+
+def write_random_checkpoint(folder: Path, raw: dict, sharded: bool = False, seed: int = 0) -> Path:
+    """A random checkpoint of the family ``raw`` (a config.json dict) names, in that family's own
+    tensor names (its registry record's table); ``sharded``: two shards and an index."""
     import torch
     from safetensors.torch import save_file
 
     from dllm_deploy.models.config import DLLMConfig
-    from dllm_deploy.models.transformer import DLLM
+    from dllm_deploy.models.registry import family_for
 
     folder.mkdir(parents=True, exist_ok=True)
-    raw = {**LAYOUT_CONFIGS[layout], **(config or {})}
     (folder / "config.json").write_text(json.dumps(raw))
-    cfg = DLLMConfig.from_hf(raw)
+    cfg, family = DLLMConfig.from_hf(raw), family_for(raw)
     torch.manual_seed(seed)
-    model = DLLM(cfg)
+    model = family.build(cfg)
     with torch.no_grad():
         for p in model.parameters():
             p.normal_(0, 0.2)
-    tensors = {}
-    for name, t in model.state_dict().items():
-        if layout == "llada":
-            for pat, rep in _TO_LLADA:
-                if re.fullmatch(pat, name):
-                    name = re.sub(pat, rep, name)
-                    break
-        tensors[name] = t.contiguous().clone()
+    tensors = {family.to_theirs(name): t.contiguous().clone() for name, t in model.state_dict().items()}
     if sharded:
         names = sorted(tensors)
         half = len(names) // 2
@@ -110,12 +93,11 @@ def write_argmax_checkpoint(folder: Path, layout: str, token: str) -> Path:
     from safetensors.torch import load_file, save_file
 
     from dllm_deploy.models.config import DLLMConfig
+    from dllm_deploy.models.registry import family_for
 
     write_checkpoint(folder, layout)
-    cfg = DLLMConfig.from_hf(LAYOUT_CONFIGS[layout])
-    embed, norm, head = (("model.transformer.wte.weight", "model.transformer.ln_f.weight",
-                          "model.transformer.ff_out.weight") if layout == "llada"
-                         else ("model.embed_tokens.weight", "model.norm.weight", "lm_head.weight"))
+    cfg, family = DLLMConfig.from_hf(LAYOUT_CONFIGS[layout]), family_for(LAYOUT_CONFIGS[layout])
+    embed, norm, head = (family.to_theirs(n) for n in ("model.embed_tokens.weight", "model.norm.weight", "lm_head.weight"))
     path = folder / "model.safetensors"
     tensors = load_file(str(path))
     tensors[embed][:, 0] = 20.0
@@ -130,32 +112,13 @@ def write_argmax_checkpoint(folder: Path, layout: str, token: str) -> Path:
 ARGMAX_CASES = {"llada-mask": ("llada", "mask"), "dream-pad": ("dream", "pad"), "block_causal-mask": ("block_causal", "mask")}
 
 
-def legacy_artifact(model: Path, out: Path) -> Path:
-    """A schema-1 artifact as the exporter before schema 2 wrote it: graphs that exclude no id
-    (so they choose [MASK] where the model does), manifest schema_version 1 without
-    special_ids.excluded (the manifest is not among its own hashed files)."""
-    from dllm_deploy.export import graphs
-    from dllm_deploy.export.exporter import export
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(graphs, "excluded_ids", lambda cfg: ())
-        export(model, out, max_beam_width=4, log=lambda m: None)
-    path = out / "manifest.json"
-    m = json.loads(path.read_text())
-    m["schema_version"] = 1
-    del m["special_ids"]["excluded"]
-    path.write_text(json.dumps(m, indent=2, sort_keys=True) + "\n")
-    return out
-
-
 @pytest.fixture(scope="session")
 def argmax_models(tmp_path_factory):
-    """name -> (checkpoint, its artifact) for ARGMAX_CASES, plus "legacy": the LLaDA one's
-    schema-1 artifact (legacy_artifact)."""
+    """name -> (checkpoint, its artifact) for ARGMAX_CASES."""
     from dllm_deploy.export.exporter import export
     root = tmp_path_factory.mktemp("argmax")
     out = {}
     for name, (layout, token) in ARGMAX_CASES.items():
         ckpt = write_argmax_checkpoint(root / f"{name}-ckpt", layout, token)
         out[name] = ckpt, export(ckpt, root / name, max_beam_width=4, log=lambda m: None)["artifact"]
-    out["legacy"] = out["llada-mask"][0], str(legacy_artifact(out["llada-mask"][0], root / "legacy"))
     return out

@@ -12,6 +12,8 @@ import json
 import random
 from pathlib import Path
 
+from dllm_deploy.models.capabilities import block_causal
+
 #: stub graph and weight files of a one-precision artifact (content is not ONNX: a manifest that
 #: survives mutation passes the hash checks and then fails to load, which is a clean error too)
 STUB_FILES = {"prefill.onnx": b"prefill-stub", "verify.onnx": b"verify-stub", "weights.bin": b"\0" * 64}
@@ -23,15 +25,17 @@ _ODD_VALUES = [None, True, False, 0, -1, 1, 2, 2**63, -(2**63) - 1, 1e308, -0.0,
 
 
 def stub_artifact(folder: Path) -> dict:
-    """Write the stub files into ``folder`` and return a valid manifest (schema 1) listing them."""
+    """Write the stub files into ``folder`` and return a valid manifest (schema 4) listing them."""
     folder.mkdir(parents=True, exist_ok=True)
     for name, data in STUB_FILES.items():
         (folder / name).write_bytes(data)
     return {
-        "schema_version": 1, "block_length": 32, "cache_mode": "exact", "max_beam_width": 8, "topk": 2,
+        "schema_version": 4, "block_length": 32, "cache_mode": "exact", "max_beam_width": 8, "topk": 2,
         "model": {"layout": "block_causal", "vocab_size": 259, "hidden_size": 64, "num_layers": 1, "num_heads": 4,
                   "num_kv_heads": 2, "intermediate_size": 96, "mask_token_id": 256, "eos_token_id": 257,
                   "pad_token_id": 258, "max_seq": 256, "block_size": 32, "attention": "block_causal"},
+        "family": "block_causal", "capabilities": block_causal().to_dict(), "kv_shapes": [[2, 16]],
+        "sampling": {"pool": 64, "noise": "philox4x64-10/v1"},
         "precisions": {"fp32": {"prefill": "prefill.onnx", "verify": "verify.onnx", "weights": "weights.bin"}},
         "files": {name: hashlib.sha256(data).hexdigest() for name, data in STUB_FILES.items()},
         "graphs": {"prefill": {"inputs": ["input_ids"], "outputs": ["top_ids"]},

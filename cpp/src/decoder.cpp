@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <new>
 
+#include "decode_options.gen.hpp"
 #include "error.hpp"
 #include "json.hpp"
 #include "memory.hpp"
@@ -34,26 +35,44 @@ CacheMode exact_at_boundary(CacheMode mode) { return mode == CacheMode::kDelayed
 
 }  // namespace
 
-CacheMode resolve_cache(const std::string& mode, const std::string& attention, int width) {
-  if (mode != "none" && mode != "prefix" && mode != "dual" && mode != "exact" && mode != "delayed" && mode != "auto")
-    user_error("unknown cache mode " + quoted(mode) + " (expected one of none, prefix, dual, exact, delayed, auto)");
-  const bool block_causal = attention == "block_causal";
-  if (mode == "delayed" && !block_causal)
-    user_error("cache mode 'delayed' needs a block-causal model; 'dual' is the approximate cache of a bidirectional one");
-  if (mode == "delayed" && width > 1)
-    user_error("cache mode 'delayed' verifies one branch per forward: use beam width 1, or cache 'exact' for spd");
-  if (mode == "delayed") return CacheMode::kDelayed;
-  if (mode == "auto") return block_causal ? CacheMode::kExact : CacheMode::kPrefix;
-  if (mode == "exact" && !block_causal)
-    user_error("cache mode 'exact' needs a block-causal model; use 'prefix' or 'none' for a bidirectional one");
-  if (mode == "none" && !block_causal && width > 1)
-    user_error("cache mode 'none' on a bidirectional model verifies one branch per forward: use beam width 1, "
-               "'prefix' or 'dual'");
-  // for a block-causal model the prefix cache is exact and there is no suffix to cache
-  if ((mode == "prefix" || mode == "dual") && block_causal) return CacheMode::kExact;
-  if (mode == "none") return CacheMode::kNone;
-  if (mode == "exact") return CacheMode::kExact;
-  return mode == "prefix" ? CacheMode::kPrefix : CacheMode::kDual;
+namespace {
+
+// kCacheMessages[key] with {mode} and {modes} filled in (decode_options.json "cache_messages").
+std::string cache_message(const std::string& key, const std::string& mode, const std::string& modes) {
+  std::string text;
+  for (const auto& [k, v] : kCacheMessages)
+    if (key == k) text = v;
+  if (text.empty()) return cache_message(key.find(".unavailable") != std::string::npos ? "unavailable" : "unknown", mode, modes);
+  for (const auto& [field, value] : {std::pair<std::string, std::string>{"{mode}", mode}, {"{modes}", modes}})
+    for (size_t at; (at = text.find(field)) != std::string::npos;) text.replace(at, field.size(), value);
+  return text;
+}
+
+CacheMode mode_of(const std::string& name) {
+  if (name == "none") return CacheMode::kNone;
+  if (name == "prefix") return CacheMode::kPrefix;
+  if (name == "dual") return CacheMode::kDual;
+  if (name == "delayed") return CacheMode::kDelayed;
+  return CacheMode::kExact;
+}
+
+}  // namespace
+
+CacheMode resolve_cache(const std::string& mode, const Capabilities& caps, int width) {
+  static const char* const kModes[] = {"none", "prefix", "dual", "exact", "delayed", "auto"};  // decode_options.json's order
+  std::string all, offered;
+  bool known = false;
+  for (const char* m : kModes) {
+    known = known || mode == m;
+    all += std::string(all.empty() ? "" : ", ") + m;
+    if (caps.cache.count(m)) offered += std::string(offered.empty() ? "" : ", ") + m;
+  }
+  if (!known) user_error(cache_message("unknown", quoted(mode), all));
+  const auto it = caps.cache.find(mode);
+  if (it == caps.cache.end()) user_error(cache_message(mode + ".unavailable", quoted(mode), offered));
+  if (width > 1 && std::find(caps.one_branch.begin(), caps.one_branch.end(), mode) != caps.one_branch.end())
+    user_error(cache_message(mode + ".one_branch", quoted(mode), offered));
+  return mode_of(it->second);
 }
 
 std::string RowResult::to_json() const {
@@ -89,11 +108,6 @@ Engine::Engine(const std::string& artifact_dir, const EngineOptions& options)
     : manifest_(read_manifest(artifact_dir, options.precision, options.verify_hashes)), options_(options) {
   tokenizer_ = make_tokenizer(manifest_.folder, manifest_.tokenizer_kind, manifest_.tokenizer_file,
                               manifest_.tokenizer_config, manifest_.model.eos_token_id);
-  if (manifest_.schema_version < 2) {  // ort_backend.cpp demotes the excluded ids on the host
-    load_warning_ = manifest_.folder + ": a schema-1 artifact: its graphs may emit the mask token; the runtime "
-                    "skips it on the host (re-export the artifact to fix this)";
-    if (options.warnings_to_stderr) std::fprintf(stderr, "dllm: warning: %s\n", load_warning_.c_str());
-  }
   backend_ = std::make_unique<OrtBackend>(manifest_, options.intra_op_threads);
   set_beam_width_cap();
 }
@@ -152,7 +166,7 @@ std::vector<RowResult> Engine::generate(const std::vector<std::string>& prompts,
     if (options_.warnings_to_stderr) std::fprintf(stderr, "dllm: warning: %s\n", lowered.c_str());
   }
   cfg.beam_width = width;
-  const CacheMode mode = resolve_cache(cfg.cache, mc.attention, width);  // width = the Policy's
+  const CacheMode mode = resolve_cache(cfg.cache, manifest_.caps, width);  // width = the Policy's
   const int L = cfg.block_length;
   const int n_blocks = static_cast<int>((static_cast<int64_t>(cfg.gen_length) + L - 1) / L);
   const int64_t budget = static_cast<int64_t>(n_blocks) * L;
@@ -204,19 +218,15 @@ std::vector<RowResult> Engine::generate(const std::vector<std::string>& prompts,
   return out;
 }
 
-// The row's sampling parameters into the backend (greedy: 0, 0, 1 on a sampling artifact). A
-// schema-2 artifact's graphs cannot sample; top_k is at most the artifact's sampling pool.
+// The row's sampling parameters into the backend (greedy: 0, 0, 1); top_k is at most the
+// artifact's sampling pool.
 void Engine::set_sampling(const DecodeOptions& cfg) {
   sampling_ = cfg.temperature > 0;
-  if (sampling_ && !backend_->samples())
-    user_error(manifest_.folder + ": this artifact was exported without sampling (schema " +
-               std::to_string(manifest_.schema_version) + "); re-export it to sample (temperature > 0)");
-  if (backend_->samples() && cfg.top_k > manifest_.sample_pool)
+  if (cfg.top_k > manifest_.sample_pool)
     user_error("top k " + std::to_string(cfg.top_k) + " is over the " + std::to_string(manifest_.sample_pool) +
                " tokens " + manifest_.folder + " samples from (its sampling pool; export --sample-pool sets it)");
   seed_ = static_cast<uint64_t>(cfg.seed), request_ = 0;
-  if (backend_->samples())
-    backend_->set_sampling(static_cast<float>(cfg.temperature), cfg.top_k, static_cast<float>(cfg.top_p));
+  backend_->set_sampling(static_cast<float>(cfg.temperature), cfg.top_k, static_cast<float>(cfg.top_p));
 }
 
 // The decode loop (loop.py::_Run.decode): the first block, then each block decoded until every
@@ -227,8 +237,8 @@ void Engine::run(const std::vector<std::vector<int64_t>>& prompts, const DecodeO
   const ModelConfig& mc = manifest_.model;
   mode_ = mode, L_ = static_cast<size_t>(cfg.block_length), n_blocks_ = static_cast<size_t>(n_blocks);
   mask_id_ = mc.mask_token_id, eos_id_ = mc.eos_token_id;
-  bidi_ = mc.attention != "block_causal";
-  anchor_ = mc.shift_logits;  // canvas.cpp keeps it out of mode none
+  bidi_ = !manifest_.caps.block_causal();
+  anchor_ = manifest_.caps.shift_logits;  // canvas.cpp keeps it out of mode none
   size_buffers(prompts, n_blocks_, mode, static_cast<size_t>(policy.width()));
   depths_ = node_depths(policy.spec());
   for (RowResult& o : out) o.accepted_hist.assign(W_ + 2, 0), o.forwards = 1;
@@ -448,7 +458,7 @@ void Engine::run_plan(const Plan& plan, const int64_t* steps, int64_t* top_ids, 
   std::copy(plan.ids.begin(), plan.ids.end(), be.ids());
   std::copy(plan.positions.begin(), plan.positions.end(), be.pos());
   std::copy(plan.mask.begin(), plan.mask.end(), be.mask());
-  if (be.samples()) fill_noise(plan, steps);
+  fill_noise(plan, steps);
   if (plan.keep)
     be.prefill(plan.tokens, plan.keep);
   else

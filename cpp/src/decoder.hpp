@@ -64,8 +64,9 @@ struct EngineOptions {
   bool warnings_to_stderr = true;
 };
 
-// loop.py::resolve_cache (the same messages): the mode a model and beam width W run under.
-CacheMode resolve_cache(const std::string& mode, const std::string& attention, int width);
+// models/capabilities.py::resolve_cache (the same message table): the mode a model with these
+// capabilities runs under beam width W.
+CacheMode resolve_cache(const std::string& mode, const Capabilities& caps, int width);
 
 // Called on the decoding thread with each chunk (stream.hpp) of row `index` (the prompt's position
 // in the call); false cancels the generation.
@@ -110,7 +111,7 @@ class Engine {
   EngineOptions options_;
   int cap_;                   // min(manifest max_beam_width, user cap, free-memory estimate)
   std::string cap_reason_;    // what set cap_, for the warning
-  std::string load_warning_;  // a schema-1 artifact's warning, until the first result carries it
+  std::string load_warning_;  // a warning of the load, until the first result carries it
   std::unique_ptr<Tokenizer> tokenizer_;  // the manifest's
   std::unique_ptr<OrtBackend> backend_;
   // loop state, sized once per generate (grow-only)

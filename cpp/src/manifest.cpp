@@ -142,9 +142,9 @@ size_t sampling_inputs(const GraphIO& g) {
   return n;
 }
 
-// "sampling": {"pool": P, "noise": "philox4x64-10/v1"} (schema 3): P >= 1 tokens sampled among,
-// with the noise of noise.hpp. Absent: the artifact decodes greedy only. The same checks as
-// artifact/__init__.py::_check_shape (then K <= P, and a noise this runtime draws).
+// "sampling": {"pool": P, "noise": "philox4x64-10/v1"}: P >= 1 tokens sampled among, with the
+// noise of noise.hpp. The same checks as artifact/__init__.py::_check_shape (then K <= P, and a
+// noise this runtime draws).
 void read_sampling(const Reader& r, const Json& m, Manifest& out) {
   const Json* s = find(m, "sampling");
   if (!s) return;
@@ -156,6 +156,34 @@ void read_sampling(const Reader& r, const Json& m, Manifest& out) {
   if (noise && !(noise->is_string() && noise->get<std::string>() == "philox4x64-10/v1"))
     fail(DLLM_ERROR_UNSUPPORTED, out.folder + ": sampling noise " + describe(*noise) +
                                      " is not supported (this runtime draws 'philox4x64-10/v1')");
+}
+
+// "capabilities" (models/capabilities.py::Capabilities.from_dict: the same checks).
+void read_capabilities(const Reader& r, const Json& c, Capabilities& out) {
+  out.attention = r.string(c, "attention", "capabilities.attention");
+  r.string(c, "noise", "capabilities.noise");
+  out.shift_logits = r.flag(c, "shift_logits", "capabilities.shift_logits");
+  out.joins = r.flag(c, "joins", "capabilities.joins");
+  const Json& cache = r.object(c, "cache", "capabilities.cache");
+  for (const auto& kv : cache.items()) {
+    if (!kv.value().is_string()) r.corrupt("'capabilities.cache' maps a mode onto a non-string");
+    out.cache[kv.key()] = kv.value().get<std::string>();
+  }
+  if (!out.cache.count("auto")) r.corrupt("'capabilities.cache' has no 'auto'");
+  out.one_branch = find(c, "one_branch") ? r.strings(c, "one_branch", "capabilities.one_branch") : std::vector<std::string>{};
+  out.graphs = r.strings(c, "graphs", "capabilities.graphs");
+}
+
+// "kv_shapes": [[Hkv, D], ...], one per layer, each positive.
+void read_kv_shapes(const Reader& r, const Json& m, Manifest& out) {
+  const Json& kv = r.field(m, "kv_shapes", "kv_shapes");
+  if (!kv.is_array() || kv.size() != static_cast<size_t>(out.model.num_layers))
+    r.corrupt("'kv_shapes' is not a list of [kv heads, head dim] per layer");
+  for (const Json& s : kv) {
+    if (!s.is_array() || s.size() != 2 || !is_int(s[0]) || !is_int(s[1]) || s[0].get<int>() < 1 || s[1].get<int>() < 1)
+      r.corrupt("'kv_shapes' is not a list of [kv heads, head dim] per layer");
+    out.kv_shapes.emplace_back(s[0].get<int>(), s[1].get<int>());
+  }
 }
 
 }  // namespace
@@ -182,10 +210,13 @@ Manifest read_manifest(const std::string& folder_in, const std::string& precisio
   if (!schema) r.corrupt("no schema_version");
   const Json& sv = *schema;
   const double version = sv.is_number() ? sv.get<double>() : 0.0;
-  if (!sv.is_number() || version < kOldestSchemaVersion || version > kSchemaVersion ||
-      version != static_cast<int>(version))
-    artifact_error(path + ": unknown schema_version " + describe(sv) + " (this runtime reads 1, 2, 3)");
-  for (const char* key : {"model", "precisions", "files", "graphs", "tokenizer"})
+  const std::string reads = " (this runtime reads " + std::to_string(kSchemaVersion);
+  if (is_int(sv) && version >= 1 && version < kSchemaVersion)
+    artifact_error(path + ": schema_version " + describe(sv) + " was written by an older dllm-deploy; re-export the model" +
+                   reads + "; CHANGELOG.md)");
+  if (!is_int(sv) || version != kSchemaVersion)
+    artifact_error(path + ": unknown schema_version " + describe(sv) + reads + ")");
+  for (const char* key : {"model", "precisions", "files", "graphs", "tokenizer", "capabilities", "sampling"})
     if (!find(m, key)) r.corrupt(std::string("no '") + key + "'");
 
   const Json& precisions = r.object(m, "precisions", "precisions");
@@ -232,12 +263,10 @@ Manifest read_manifest(const std::string& folder_in, const std::string& precisio
   out.model.eos_token_id = r.integer(model, "eos_token_id", "model.eos_token_id");
   out.model.pad_token_id = r.integer(model, "pad_token_id", "model.pad_token_id");
   out.model.max_seq = r.integer(model, "max_seq", "model.max_seq");
-  out.model.attention = r.string(model, "attention", "model.attention");
   out.model.hidden_size = r.integer(model, "hidden_size", "model.hidden_size");
   out.model.intermediate_size = r.integer(model, "intermediate_size", "model.intermediate_size");
   out.model.num_heads = r.integer(model, "num_heads", "model.num_heads");
   out.model.block_size = r.integer(model, "block_size", "model.block_size");
-  out.model.shift_logits = r.flag(model, "shift_logits", "model.shift_logits");
   out.model.tie_word_embeddings = r.flag(model, "tie_word_embeddings", "model.tie_word_embeddings");
   for (int dim : {out.model.vocab_size, out.model.hidden_size, out.model.intermediate_size, out.model.num_layers,
                   out.model.num_heads, out.model.num_kv_heads, out.model.head_dim, out.model.block_size,
@@ -256,21 +285,28 @@ Manifest read_manifest(const std::string& folder_in, const std::string& precisio
       r.corrupt(std::string("'tokenizer.") + key + "' must be a file name inside the artifact");
     *field = v ? v->get<std::string>() : "";
   }
+  out.family = r.string(m, "family", "family");
+  read_capabilities(r, r.object(m, "capabilities", "capabilities"), out.caps);
+  read_kv_shapes(r, m, out);
   const Json& graphs = r.object(m, "graphs", "graphs");
+  for (const std::string& role : out.caps.graphs)
+    if (!find(graphs, role)) r.corrupt("no graph of role " + dllm::detail::quoted(role));
+  for (const char* role : {"prefill", "verify"})
+    if (std::find(out.caps.graphs.begin(), out.caps.graphs.end(), role) == out.caps.graphs.end())
+      fail(DLLM_ERROR_UNSUPPORTED, folder + ": family " + dllm::detail::quoted(out.family) + " has no " + dllm::detail::quoted(role) +
+                                       " graph; this runtime decodes families whose graphs are prefill and verify");
   const Json& gp = r.object(graphs, "prefill", "graphs.prefill");
   const Json& gv = r.object(graphs, "verify", "graphs.verify");
   out.prefill.inputs = r.strings(gp, "inputs", "graphs.prefill.inputs");
   out.prefill.outputs = r.strings(gp, "outputs", "graphs.prefill.outputs");
   out.verify.inputs = r.strings(gv, "inputs", "graphs.verify.inputs");
   out.verify.outputs = r.strings(gv, "outputs", "graphs.verify.outputs");
-  // the sampling inputs (all four, or none: greedy-only graphs) besides the others
-  const size_t n_in = 3 + 2 * static_cast<size_t>(out.model.num_layers);
-  out.graphs_sample = sampling_inputs(out.prefill) == 4;
+  // input_ids, position_ids, attention_mask, 2 past tensors per layer and the 4 sampling inputs
+  const size_t n_in = 3 + 2 * static_cast<size_t>(out.model.num_layers) + 4;
   for (const GraphIO* g : {&out.prefill, &out.verify})
-    if (g->inputs.size() != n_in + sampling_inputs(*g) || sampling_inputs(*g) != (out.graphs_sample ? 4 : 0))
+    if (g->inputs.size() != n_in || sampling_inputs(*g) != 4)
       r.corrupt("graph inputs are not input_ids, position_ids, attention_mask, 2 past tensors per layer "
-                "(and sample_u, temperature, top_k, top_p)");
-  if (out.graphs_sample && !out.sample_pool) r.corrupt("the graphs sample, but there is no 'sampling'");
+                "and sample_u, temperature, top_k, top_p");
   if (out.prefill.outputs.size() != 3 + 2 * static_cast<size_t>(out.model.num_layers) || out.verify.outputs.size() != 2)
     r.corrupt("graph outputs are not (logits, top_ids, top_probs, present...) and (top_ids, top_probs)");
   out.prefill_file = r.string(*files_of, "prefill", "precisions." + precision + ".prefill");

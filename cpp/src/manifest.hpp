@@ -2,17 +2,18 @@
 // Mirrors dllm_deploy/artifact/__init__.py::read_manifest: same checks, same messages.
 #pragma once
 
+#include <map>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace dllm::detail {
 
-// 3: the graphs sample (inputs sample_u, temperature, top_k, top_p; manifest "sampling");
-// 2: the graphs exclude the mask token and a pad token distinct from EOS (DESIGN §8);
-// 1 is still read: its graphs may emit them, and the backend demotes them on the host.
-// An artifact without "sampling" decodes greedy only.
-constexpr int kSchemaVersion = 3;
-constexpr int kOldestSchemaVersion = 1;
+// 4: the model's family and capabilities, kv_shapes ([Hkv, D] per layer), graphs keyed by role;
+// the graphs exclude the mask token and a pad token distinct from EOS (DESIGN §8) and sample
+// (inputs sample_u, temperature, top_k, top_p; manifest "sampling"). Schemas 1-3 are refused
+// with a request to re-export (CHANGELOG.md).
+constexpr int kSchemaVersion = 4;
 
 struct ModelConfig {
   int vocab_size = 0;         // V
@@ -28,8 +29,17 @@ struct ModelConfig {
   int eos_token_id = 0;
   int pad_token_id = 0;
   int max_seq = 0;             // longest prompt + generation (tokens)
-  std::string attention;       // "block_causal" | "bidirectional"
-  bool shift_logits = false;   // Dream: row i-1 predicts row i (the decoder keeps an anchor row)
+};
+
+// What the model's family can do (models/capabilities.py): asked instead of its name.
+struct Capabilities {
+  std::string attention;                     // "block_causal" (exact KV per block) | "bidirectional"
+  bool shift_logits = false;                 // row i-1 predicts row i (Dream): the decoder keeps an anchor row
+  bool joins = false;                        // rows may join at block boundaries under an exact cache
+  std::map<std::string, std::string> cache;  // requested cache mode -> the mode that runs (absent: refused)
+  std::vector<std::string> one_branch;       // cache modes that verify one branch per forward
+  std::vector<std::string> graphs;           // the roles of the artifact's graphs
+  bool block_causal() const { return attention == "block_causal"; }
 };
 
 // The graphs' sampling inputs (schema 3), fed by name: sample_u (1,T) f32, temperature (1,) f32,
@@ -44,16 +54,18 @@ struct GraphIO {
 
 struct Manifest {
   int schema_version = kSchemaVersion;
+  std::string family;        // the model family (models/registry.py), for messages only
+  Capabilities caps;
+  std::vector<std::pair<int, int>> kv_shapes;  // (Hkv, D) per layer
   std::string folder;
   std::string precision;
   ModelConfig model;
   int topk = 0;              // K: ids/probabilities per position the graphs return
   int max_beam_width = 8;    // the largest W the export was checked for
   int sample_pool = 0;       // P of "sampling": the tokens a row samples among (0: none)
-  bool graphs_sample = false;  // the graphs take the sampling inputs (schema 3); else greedy only
   std::string tokenizer_kind;
   std::string tokenizer_file, tokenizer_config;  // "hf": tokenizer.json and tokenizer_config.json ("" if none)
-  GraphIO prefill, verify;
+  GraphIO prefill, verify;                // the graphs of roles "prefill" and "verify"
   std::string prefill_file, verify_file;  // paths inside the folder, for this precision
 };
 

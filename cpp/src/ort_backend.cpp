@@ -3,6 +3,7 @@
 #include <onnxruntime_cxx_api.h>
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cstring>
 #include <deque>
@@ -74,10 +75,9 @@ ONNXTensorElementDataType element_type(Feed f) {
 }  // namespace
 
 struct OrtBackend::Impl {
-  int layers = 0, hkv = 0, d = 0, k = 0;
-  bool sampling = false;               // the graphs take the sampling inputs (schema 3)
+  int k = 0;
+  std::vector<int64_t> hkv, d;         // per past / present buffer (2 per layer): the layer's Hkv and D
   std::vector<Feed> feeds;             // per graph input, in the manifest's order (both graphs alike)
-  std::vector<int64_t> host_excluded;  // ids a schema-1 graph may choose (empty: the graphs exclude them)
   Ort::Env env{nullptr};
   Ort::Session prefill{nullptr}, verify{nullptr};
   Ort::MemoryInfo mem{nullptr};
@@ -93,18 +93,21 @@ struct OrtBackend::Impl {
   int64_t top_k1 = 0;
   std::vector<float> temperature, top_p_in; // (B,) fed: the above per row
   std::vector<int64_t> top_k;               // (B,)
-  std::vector<std::vector<float>> past;     // 2 per layer: (B, Hkv, P, D)
+  std::vector<std::vector<float>> past;     // 2 per layer: (B, Hkv, P, D), the layer's Hkv and D
   std::vector<std::vector<float>> present;  // 2 per layer: (B, Hkv, P+T, D)
   std::vector<int64_t> top_i;               // (B,T,K)
   std::vector<float> top_p;                 // (B,T,K)
   std::vector<Ort::Value> in_values, out_values;
+  std::vector<std::array<int64_t, 4>> past_shapes, present_shapes;  // per buffer, alive while a run uses them
 
   void add_inputs(size_t t) {
     const int64_t B = static_cast<int64_t>(rows), P = static_cast<int64_t>(cache_len), T = static_cast<int64_t>(t);
     const int64_t ids_shape[2] = {B, T}, row_shape[1] = {B};
     const int64_t mask_shape[4] = {B, 1, T, P + T};
-    const int64_t past_shape[4] = {B, hkv, P, d};
-    const size_t past_bytes = static_cast<size_t>(B * hkv * P * d) * sizeof(float), bt = rows * t;
+    std::vector<std::array<int64_t, 4>>& past_shape = past_shapes;
+    past_shape.resize(past.size());
+    for (size_t i = 0; i < past.size(); ++i) past_shape[i] = {B, hkv[i], P, d[i]};
+    const size_t bt = rows * t;
     auto tensor = [&](void* data, size_t bytes, const int64_t* shape, size_t rank, Feed f) {
       in_values.push_back(Ort::Value::CreateTensor(mem, data, bytes, shape, rank, element_type(f)));
     };
@@ -119,7 +122,11 @@ struct OrtBackend::Impl {
         case Feed::kTemperature: tensor(temperature.data(), rows * sizeof(float), row_shape, 1, f); break;
         case Feed::kTopK: tensor(top_k.data(), rows * sizeof(int64_t), row_shape, 1, f); break;
         case Feed::kTopP: tensor(top_p_in.data(), rows * sizeof(float), row_shape, 1, f); break;
-        case Feed::kPast: tensor(past[next_past++].data(), past_bytes, past_shape, 4, f); break;
+        case Feed::kPast: {
+          const size_t i = next_past++;
+          tensor(past[i].data(), static_cast<size_t>(B * hkv[i] * P * d[i]) * sizeof(float), past_shape[i].data(), 4, f);
+          break;
+        }
       }
     }
   }
@@ -146,28 +153,6 @@ struct OrtBackend::Impl {
     seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   }
 
-  // loop.py::demote_excluded for the t positions a run returned (the one place results come
-  // back): per position the excluded entries move last at probability 0, the others keep their
-  // order and probabilities.
-  void demote_excluded(size_t t) {
-    if (host_excluded.empty()) return;
-    t *= rows;
-    auto excluded = [&](int64_t id) {
-      return std::find(host_excluded.begin(), host_excluded.end(), id) != host_excluded.end();
-    };
-    for (size_t i = 0; i < t; ++i) {
-      int64_t* ti = top_i.data() + i * k;
-      float* tp = top_p.data() + i * k;
-      size_t n = 0;
-      for (int pass = 0; pass < 2; ++pass)  // kept entries first, then the excluded ones (stable)
-        for (int j = 0; j < k; ++j)
-          if (excluded(ti[j]) == (pass == 1)) scratch_i[n] = ti[j], scratch_p[n++] = excluded(ti[j]) ? 0.0f : tp[j];
-      std::copy(scratch_i.begin(), scratch_i.end(), ti);
-      std::copy(scratch_p.begin(), scratch_p.end(), tp);
-    }
-  }
-  std::vector<int64_t> scratch_i;  // (K,)
-  std::vector<float> scratch_p;    // (K,)
 };
 
 namespace {
@@ -180,6 +165,7 @@ void check_io(Ort::Session& s, const std::string& graph, const GraphIO& io, bool
   Ort::AllocatorWithDefaultOptions alloc;
   auto bad = [&](const std::string& what) { artifact_error(file + ": " + graph + " graph does not match the manifest (" + what + ")"); };
   if (s.GetInputCount() != io.inputs.size()) bad("input count");
+  size_t past_seen = 0;
   for (size_t i = 0; i < io.inputs.size(); ++i) {
     if (s.GetInputNameAllocated(i, alloc).get() != io.inputs[i]) bad("input " + io.inputs[i]);
     const Feed feed = feed_of(io.inputs[i]);
@@ -187,10 +173,11 @@ void check_io(Ort::Session& s, const std::string& graph, const GraphIO& io, bool
       if (feed == Feed::kPast) fail(DLLM_ERROR_UNSUPPORTED, file + ": the KV cache is not float32; only fp32 KV (fp32, int8 variants) is supported in C++ yet");
       bad("type of " + io.inputs[i]);
     }
-    if (feed == Feed::kPast) {  // past (batch, Hkv, P, D): the buffers are sized from the manifest's Hkv and D
+    if (feed == Feed::kPast) {  // past (batch, Hkv, P, D): the buffers are sized from the manifest's kv_shapes
       const std::vector<int64_t> shape = s.GetInputTypeInfo(i).GetTensorTypeAndShapeInfo().GetShape();
-      if (shape.size() != 4 || differs(shape[1], m.model.num_kv_heads) || differs(shape[3], m.model.head_dim))
-        bad("shape of " + io.inputs[i] + " vs model.num_kv_heads / model.head_dim");
+      const auto [hkv, d] = m.kv_shapes[past_seen++ / 2];
+      if (shape.size() != 4 || differs(shape[1], hkv) || differs(shape[3], d))
+        bad("shape of " + io.inputs[i] + " vs its layer's kv_shapes");
     }
   }
   if (s.GetOutputCount() != io.outputs.size()) bad("output count");
@@ -211,18 +198,12 @@ void check_io(Ort::Session& s, const std::string& graph, const GraphIO& io, bool
 OrtBackend::OrtBackend(const Manifest& m, int intra_op_threads) : impl_(new Impl) {
   ensure_onnxruntime_api();
   Impl& s = *impl_;
-  s.layers = m.model.num_layers, s.hkv = m.model.num_kv_heads, s.d = m.model.head_dim, s.k = m.topk;
-  s.sampling = m.graphs_sample;
+  s.k = m.topk;
+  for (const auto& [hkv, d] : m.kv_shapes)
+    for (int kind = 0; kind < 2; ++kind) s.hkv.push_back(hkv), s.d.push_back(d);
   for (const auto& n : m.prefill.inputs) s.feeds.push_back(feed_of(n));
   if (m.verify.inputs != m.prefill.inputs)
     artifact_error(m.folder + ": corrupt manifest (the prefill and verify graphs take different inputs)");
-  if (m.schema_version < 2) {  // models/exclusion.py::excluded_ids
-    const ModelConfig& c = m.model;
-    s.host_excluded.push_back(c.mask_token_id);
-    if (c.pad_token_id != c.eos_token_id && c.pad_token_id != c.mask_token_id) s.host_excluded.push_back(c.pad_token_id);
-  }
-  s.scratch_i.resize(s.k);
-  s.scratch_p.resize(s.k);
   namespace fs = std::filesystem;
   const std::string pfile = (fs::path(m.folder) / m.prefill_file).string();
   const std::string vfile = (fs::path(m.folder) / m.verify_file).string();
@@ -257,8 +238,8 @@ OrtBackend::OrtBackend(const Manifest& m, int intra_op_threads) : impl_(new Impl
   for (size_t i = 1; i < m.prefill.outputs.size(); ++i) s.prefill_out.push_back(keep(m.prefill.outputs[i]));
   for (const auto& n : m.verify.inputs) s.verify_in.push_back(keep(n));
   for (const auto& n : m.verify.outputs) s.verify_out.push_back(keep(n));
-  s.past.resize(2 * s.layers);
-  s.present.resize(2 * s.layers);
+  s.past.resize(s.hkv.size());
+  s.present.resize(s.hkv.size());
   s.in_values.reserve(m.prefill.inputs.size());
   s.out_values.reserve(m.prefill.outputs.size());
 }
@@ -275,23 +256,28 @@ void OrtBackend::reserve(size_t rows, size_t max_tokens, size_t max_past, size_t
   s.cap_tokens = std::max(s.cap_tokens, max_tokens);
   s.cap_past = std::max(s.cap_past, max_past);
   s.cap_present = std::max(s.cap_present, max_present);
-  const size_t B = s.cap_rows, T = s.cap_tokens, P = s.cap_past, row = static_cast<size_t>(s.hkv) * s.d;
+  const size_t B = s.cap_rows, T = s.cap_tokens, P = s.cap_past;
   s.ids.resize(B * T);
   s.pos.resize(B * T);
   s.sample_u.resize(B * T);
   s.mask.resize(B * T * (P + T));
   s.top_i.resize(B * T * s.k);
   s.top_p.resize(B * T * s.k);
-  for (auto& b : s.past) b.resize(std::max<size_t>(1, B * row * P));
-  for (auto& b : s.present) b.resize(std::max<size_t>(1, B * row * s.cap_present));
+  for (size_t i = 0; i < s.past.size(); ++i) {
+    const size_t row = static_cast<size_t>(s.hkv[i] * s.d[i]);  // one position of one row, (Hkv, D)
+    s.past[i].resize(std::max<size_t>(1, B * row * P));
+    s.present[i].resize(std::max<size_t>(1, B * row * s.cap_present));
+  }
 }
 
 void OrtBackend::keep_rows(const std::vector<size_t>& idx) {
   Impl& s = *impl_;
-  const size_t n = static_cast<size_t>(s.hkv) * s.cache_len * s.d;  // one row's cache, (Hkv, P, D)
-  for (auto& b : s.past)
+  for (size_t i = 0; i < s.past.size(); ++i) {
+    const size_t n = static_cast<size_t>(s.hkv[i] * s.d[i]) * s.cache_len;  // one row's cache, (Hkv, P, D)
+    float* b = s.past[i].data();
     for (size_t j = 0; j < idx.size(); ++j)
-      if (idx[j] != j) std::memmove(b.data() + j * n, b.data() + idx[j] * n, n * sizeof(float));
+      if (idx[j] != j) std::memmove(b + j * n, b + idx[j] * n, n * sizeof(float));
+  }
   s.rows = idx.size();  // the rows share their sampling parameters
   s.temperature.resize(s.rows), s.top_k.resize(s.rows), s.top_p_in.resize(s.rows);
 }
@@ -301,9 +287,12 @@ void OrtBackend::clear_cache() { impl_->cache_len = 0; }
 void OrtBackend::truncate(size_t n) {
   Impl& s = *impl_;
   if (n >= s.cache_len) return;
-  const size_t d = static_cast<size_t>(s.d), heads = s.rows * static_cast<size_t>(s.hkv), P = s.cache_len;
-  for (auto& b : s.past)  // (B*Hkv, P, D) -> (B*Hkv, n, D) in place, front to back
-    for (size_t h = 1; h < heads; ++h) std::memmove(b.data() + h * n * d, b.data() + h * P * d, n * d * sizeof(float));
+  const size_t P = s.cache_len;
+  for (size_t i = 0; i < s.past.size(); ++i) {  // (B*Hkv, P, D) -> (B*Hkv, n, D) in place, front to back
+    const size_t d = static_cast<size_t>(s.d[i]), heads = s.rows * static_cast<size_t>(s.hkv[i]);
+    float* b = s.past[i].data();
+    for (size_t h = 1; h < heads; ++h) std::memmove(b + h * n * d, b + h * P * d, n * d * sizeof(float));
+  }
   s.cache_len = n;
 }
 size_t OrtBackend::cache_length() const { return impl_->cache_len; }
@@ -312,7 +301,6 @@ int OrtBackend::topk() const { return impl_->k; }
 int64_t* OrtBackend::ids() { return impl_->ids.data(); }
 int64_t* OrtBackend::pos() { return impl_->pos.data(); }
 uint8_t* OrtBackend::mask() { return impl_->mask.data(); }
-bool OrtBackend::samples() const { return impl_->sampling; }
 float* OrtBackend::sample_u() { return impl_->sample_u.data(); }
 void OrtBackend::set_sampling(float temperature, int64_t top_k, float top_p) {
   Impl& s = *impl_;
@@ -329,18 +317,20 @@ void OrtBackend::prefill(size_t t, size_t keep) {
     fail(DLLM_ERROR_INTERNAL, "prefill larger than the reserved buffers");
   s.add_inputs(t);
   s.add_top_outputs(t);
-  const int64_t present_shape[4] = {static_cast<int64_t>(s.rows), s.hkv, static_cast<int64_t>(total), s.d};
-  const size_t row = static_cast<size_t>(s.hkv) * s.d;
-  for (auto& buf : s.present)
-    s.out_values.push_back(Ort::Value::CreateTensor(s.mem, buf.data(), s.rows * row * total * sizeof(float),
-                                                    present_shape, 4, ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT));
+  s.present_shapes.resize(s.present.size());
+  for (size_t i = 0; i < s.present.size(); ++i) {
+    s.present_shapes[i] = {static_cast<int64_t>(s.rows), s.hkv[i], static_cast<int64_t>(total), s.d[i]};
+    const size_t row = static_cast<size_t>(s.hkv[i] * s.d[i]);
+    s.out_values.push_back(Ort::Value::CreateTensor(s.mem, s.present[i].data(), s.rows * row * total * sizeof(float),
+                                                    s.present_shapes[i].data(), 4, ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT));
+  }
   s.run(s.prefill, s.prefill_in, s.prefill_out, run_seconds);
-  s.demote_excluded(t);
   // cache <- present[:, :, :end] per layer, (B, Hkv, end, D) contiguous
-  const size_t d = static_cast<size_t>(s.d), heads = s.rows * static_cast<size_t>(s.hkv);
-  for (size_t b = 0; b < s.past.size(); ++b)
+  for (size_t b = 0; b < s.past.size(); ++b) {
+    const size_t d = static_cast<size_t>(s.d[b]), heads = s.rows * static_cast<size_t>(s.hkv[b]);
     for (size_t h = 0; h < heads; ++h)
       std::memcpy(s.past[b].data() + h * end * d, s.present[b].data() + h * total * d, end * d * sizeof(float));
+  }
   s.cache_len = end;
 }
 
@@ -350,7 +340,6 @@ void OrtBackend::verify(size_t t) {
   s.add_inputs(t);
   s.add_top_outputs(t);
   s.run(s.verify, s.verify_in, s.verify_out, run_seconds);
-  s.demote_excluded(t);
 }
 
 }  // namespace dllm::detail

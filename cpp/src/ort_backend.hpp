@@ -53,7 +53,6 @@ class OrtBackend {
 
   // Schema 3: the graphs sample. sample_u (B,T) holds each fed token's uniform (noise.hpp); the
   // rows' temperature (0: greedy, the top-1), top_k (0: off) and top_p (1: off) hold until changed.
-  bool samples() const;
   float* sample_u();
   void set_sampling(float temperature, int64_t top_k, float top_p);
 

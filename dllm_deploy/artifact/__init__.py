@@ -11,11 +11,14 @@ from pathlib import Path
 
 from ..errors import UserError, file_error, read_text
 
-SCHEMA_VERSION = 3
-# 1: the graphs may emit the mask token (the runtime excludes it on the host, with a warning);
-# 2: the graphs exclude the mask token and a pad token distinct from EOS (special_ids.excluded);
-# 3: the graphs sample (inputs sample_u, temperature, top_k, top_p; "sampling": {"pool", "noise"})
-READABLE = (1, 2, 3)
+SCHEMA_VERSION = 4
+# 4: the model's "family" and its "capabilities" (models/capabilities.py), "kv_shapes" ([Hkv, D]
+#    per layer), "graphs" keyed by role (the capabilities' "graphs" list them). The graphs exclude
+#    the mask token and a pad token distinct from EOS (special_ids.excluded) and sample (inputs
+#    sample_u, temperature, top_k, top_p; "sampling": {"pool", "noise"}), as since schema 3.
+# Schemas 1-3 are not read (CHANGELOG.md, 0.2.0): such an artifact is refused in one line asking
+# for a re-export.
+READABLE = (4,)
 MANIFEST = "manifest.json"
 SAMPLING_INPUTS = ("sample_u", "temperature", "top_k", "top_p")   # schema 3: the graphs' last inputs
 SAMPLING_NOISE = "philox4x64-10/v1"   # the noise the sampling inputs come from (runtime/noise.py)
@@ -51,18 +54,27 @@ def _load_json(path: Path) -> object:
 def _check_shape(m: dict, path: Path) -> None:
     """The types of the keys every reader indexes into, and file names that stay inside the
     artifact folder, so a damaged manifest is reported as such instead of failing later."""
-    for key in ("model", "precisions", "files", "graphs", "tokenizer"):
+    for key in ("model", "precisions", "files", "graphs", "tokenizer", "capabilities", "sampling"):
         if key not in m:
             raise UserError(f"{path}: corrupt manifest (no {key!r})")
         if not isinstance(m[key], dict):
             raise UserError(f"{path}: corrupt manifest ({key!r} is not an object)")
+    if not isinstance(m.get("family"), str) or not m["family"]:
+        raise UserError(f"{path}: corrupt manifest (no 'family' name)")
+    kv = m.get("kv_shapes")
+    if not isinstance(kv, list) or not kv or not all(
+            isinstance(s, list) and len(s) == 2 and all(isinstance(x, int) and not isinstance(x, bool) and x > 0 for x in s)
+            for s in kv):
+        raise UserError(f"{path}: corrupt manifest ('kv_shapes' is not a list of [kv heads, head dim] per layer)")
+    roles = m["capabilities"].get("graphs")
+    if not isinstance(roles, list) or set(roles) != set(m["graphs"]):
+        raise UserError(f"{path}: corrupt manifest (the graphs are not those of the capabilities' roles)")
     for key in ("topk", "max_beam_width", "block_length"):
         if key in m and (not isinstance(m[key], int) or isinstance(m[key], bool) or m[key] < 1):
             raise UserError(f"{path}: corrupt manifest ({key!r} is not a positive integer)")
-    if "sampling" in m:
-        pool = m["sampling"].get("pool") if isinstance(m["sampling"], dict) else None
-        if not isinstance(pool, int) or isinstance(pool, bool) or pool < 1:
-            raise UserError(f"{path}: corrupt manifest ('sampling' has no positive integer 'pool')")
+    pool = m["sampling"].get("pool")
+    if not isinstance(pool, int) or isinstance(pool, bool) or pool < 1:
+        raise UserError(f"{path}: corrupt manifest ('sampling' has no positive integer 'pool')")
     for graph, spec in m["graphs"].items():
         if not (isinstance(spec, dict) and all(isinstance(spec.get(k), list) and all(isinstance(x, str) for x in spec[k])
                                                for k in ("inputs", "outputs"))):
@@ -97,6 +109,9 @@ def read_manifest(folder: str | Path, verify: bool = True, precision: str | None
     if not isinstance(m, dict) or "schema_version" not in m:
         raise UserError(f"{path}: corrupt manifest (no schema_version)")
     version = m["schema_version"]
+    if isinstance(version, int) and not isinstance(version, bool) and 1 <= version < READABLE[0]:
+        raise UserError(f"{path}: schema_version {version} was written by an older dllm-deploy; "
+                        f"re-export the model (this runtime reads {', '.join(map(str, READABLE))}; CHANGELOG.md)")
     if not isinstance(version, int) or isinstance(version, bool) or version not in READABLE:
         raise UserError(f"{path}: unknown schema_version {version!r} "
                         f"(this runtime reads {', '.join(map(str, READABLE))})")
@@ -121,11 +136,13 @@ def read_manifest(folder: str | Path, verify: bool = True, precision: str | None
     return m
 
 
-def sample_pool(manifest: dict) -> int | None:
-    """The pool the artifact's graphs sample from; None: an artifact exported without sampling."""
-    return manifest["sampling"]["pool"] if "sampling" in manifest else None
+def sample_pool(manifest: dict) -> int:
+    """The pool the artifact's graphs sample from."""
+    return manifest["sampling"]["pool"]
 
 
-def graphs_exclude(manifest: dict) -> bool:
-    """Whether the artifact's graphs exclude the mask (and a distinct pad) token themselves."""
-    return manifest["schema_version"] >= 2
+def kv_shape(manifest: dict, name: str) -> tuple[int, int]:
+    """(Hkv, D) of a past or present tensor (``past_key_values.{i}.key``, ``present.{i}.value``):
+    layer i's entry of the manifest's kv_shapes."""
+    hkv, d = manifest["kv_shapes"][int(name.split(".")[-2])]
+    return hkv, d

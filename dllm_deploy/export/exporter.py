@@ -33,6 +33,7 @@ from ..artifact import MANIFEST, SAMPLING_NOISE, write_manifest
 from ..artifact.fsio import clean_stale, lock_target, remove_temp_dir, replace_dir, temp_dir
 from ..errors import UserError
 from ..models.exclusion import excluded_ids
+from ..models.registry import get_family
 from ..models.sampling import default_pool
 from ..profiles.memory import INT8_FP32_DEFAULT
 from .graphs import PrefillGraph, VerifyGraph, dynamic_axes, io_names
@@ -132,7 +133,8 @@ def _dummy(cfg, b: int, t: int, p: int, dtype, seed: int = 0):
     ids = torch.randint(0, cfg.vocab_size, (b, t), generator=g)
     pos = torch.arange(p, p + t).repeat(b, 1)
     mask = torch.ones(b, 1, t, p + t, dtype=torch.bool)
-    past = [torch.randn(b, cfg.num_kv_heads, p, cfg.head_dim, generator=g).to(dtype) for _ in range(2 * cfg.num_layers)]
+    past = [torch.randn(b, hkv, p, d, generator=g).to(dtype)
+            for hkv, d in get_family(cfg.layout).kv_shapes(cfg) for _ in ("key", "value")]     # (B,Hkv,P,D) per layer
     sampling = [torch.rand(b, t, generator=g), torch.zeros(b), torch.zeros(b, dtype=torch.int64), torch.ones(b)]
     return ids, pos, mask, past + sampling
 
@@ -266,6 +268,8 @@ def _write_artifact(tmp: Path, module, cfg, tok, src: Path, L: int, precisions: 
     import torch
     t0 = time.time()
     names = io_names(cfg.num_layers)
+    family = get_family(cfg.layout)
+    caps = family.capabilities(cfg)
     files: dict[str, dict] = {}
     parity_report: dict[str, dict] = {}
     shapes = [(1, 24, 0), (2, L, 24), (1, 2 * L, 40), (1, max_beam_width * L, 48)]
@@ -318,10 +322,11 @@ def _write_artifact(tmp: Path, module, cfg, tok, src: Path, L: int, precisions: 
         "special_ids": {"mask": cfg.mask_token_id, "eos": cfg.eos_token_id, "pad": cfg.pad_token_id,
                             "excluded": list(excluded_ids(cfg))},
         "block_length": L, "max_beam_width": max_beam_width, "topk": TOPK,
-        "cache_mode": "exact" if cfg.attention == "block_causal" else "prefix",
+        "family": family.name, "capabilities": caps.to_dict(), "cache_mode": caps.cache["auto"],
+        "kv_shapes": [list(s) for s in family.kv_shapes(cfg)],
         "graphs": {g: {**names[g], "dims": {"input_ids": ["batch", "tokens"], "position_ids": ["batch", "tokens"],
                                             "attention_mask": ["batch", 1, "tokens", "kv_len"],
-                                            "past": ["batch", cfg.num_kv_heads, "past", cfg.head_dim],
+                                            "past": ["batch", "kv_shapes[layer][0]", "past", "kv_shapes[layer][1]"],
                                             "sample_u": ["batch", "tokens"], "temperature": ["batch"],
                                             "top_k": ["batch"], "top_p": ["batch"],
                                             "top": ["batch", "tokens", TOPK]}} for g in names},

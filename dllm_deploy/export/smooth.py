@@ -60,6 +60,8 @@ def input_ranges(module, cfg, tok, texts: list[tuple[str, str]], block_length: i
     import torch
 
     from ..models.masks import block_causal_mask
+    from ..models.registry import capabilities_of
+    causal = capabilities_of(cfg).block_causal
     amax: dict = {}
     rng = np.random.default_rng(seed)
 
@@ -82,7 +84,7 @@ def input_ranges(module, cfg, tok, texts: list[tuple[str, str]], block_length: i
                 block[: a.size] = np.where(keep, a, cfg.mask_token_id)
                 ids = p + block.tolist()
                 n = len(ids)
-                if cfg.attention == "block_causal":
+                if causal:
                     mask = block_causal_mask(np.repeat([0, 1], [len(p), block_length]))
                 else:
                     mask = np.ones((n, n), dtype=bool)

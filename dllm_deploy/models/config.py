@@ -1,10 +1,7 @@
 """Typed model configuration, read from a Hugging Face ``config.json``.
 
-One config type serves every supported layout; ``layout`` says which tensor names to load:
-
-- ``llada``        LLaDA (OLMo-style names, bidirectional attention, ``mask_token_id`` in config)
-- ``dream``        Dream (Qwen2 names with q/k/v bias, GQA, logits shifted one position)
-- ``block_causal`` SDAR / Fast-dLLM v2 / the bundled tiny dLLM (Qwen2/Qwen3 names, ``block_size``)
+One config type serves every family; ``layout`` names the family (models/registry.py), whose
+record maps the checkpoint's config keys onto these fields and its tensor names onto the module's.
 """
 from __future__ import annotations
 
@@ -16,19 +13,6 @@ from pathlib import Path
 
 from ..errors import UserError, file_error
 
-LAYOUTS = ("llada", "dream", "block_causal")
-
-# model_type (lower-cased) -> layout
-_MODEL_TYPES = {
-    "llada": "llada",
-    "llada_moe": None,  # recognised, but a mixture-of-experts model is not supported
-    "dream": "dream",
-    "sdar": "block_causal",
-    "fast_dllm_v2": "block_causal",
-    "fast_dllm_qwen": "block_causal",
-    "dllm_block": "block_causal",
-}
-
 
 # field annotation -> the JSON values it accepts (from_dict); sizes that must be positive
 _FIELD_TYPES = {"int": Integral, "float": Real, "str": str, "bool": bool}
@@ -38,7 +22,7 @@ _SIZES = ("vocab_size", "hidden_size", "num_layers", "num_heads", "num_kv_heads"
 
 @dataclass
 class DLLMConfig:
-    layout: str                      # one of LAYOUTS: which tensor names the checkpoint uses
+    layout: str                      # the model family (models/registry.py): its names, module, capabilities
     vocab_size: int                  # rows of the embedding / columns of the LM head
     hidden_size: int                 # model width (C)
     num_layers: int                  # transformer blocks
@@ -63,8 +47,8 @@ class DLLMConfig:
     def __post_init__(self) -> None:
         if self.head_dim == 0:
             self.head_dim = self.hidden_size // self.num_heads
-        if self.layout not in LAYOUTS:
-            raise UserError(f"unknown layout {self.layout!r} (expected one of {', '.join(LAYOUTS)})")
+        if not self.layout:
+            raise UserError("a model config needs its family ('layout')")
         if self.num_heads % self.num_kv_heads:
             raise UserError(f"num_heads {self.num_heads} is not a multiple of num_kv_heads {self.num_kv_heads}")
 
@@ -89,69 +73,9 @@ class DLLMConfig:
 
     @classmethod
     def from_hf(cls, raw: dict, source: str = "config.json") -> "DLLMConfig":
-        """Map a Hugging Face config dict of any supported layout onto DLLMConfig."""
-        model_type = str(raw.get("model_type", "")).lower()
-        if model_type not in _MODEL_TYPES:
-            known = ", ".join(k for k, v in _MODEL_TYPES.items() if v)
-            raise UserError(f"{source}: unknown model_type {raw.get('model_type')!r} (supported: {known})")
-        layout = _MODEL_TYPES[model_type]
-        if layout is None:
-            raise UserError(f"{source}: model_type {model_type!r} is recognised but not supported")
-        try:
-            if layout == "llada":
-                heads = int(raw["n_heads"])
-                return cls(
-                    layout=layout, model_type=model_type,
-                    vocab_size=int(raw.get("embedding_size") or raw["vocab_size"]),
-                    hidden_size=int(raw["d_model"]), num_layers=int(raw["n_layers"]),
-                    num_heads=heads, num_kv_heads=int(raw.get("n_kv_heads") or heads),
-                    intermediate_size=int(raw["mlp_hidden_size"]),
-                    mask_token_id=int(raw.get("mask_token_id", 126336)),
-                    eos_token_id=int(raw.get("eos_token_id", 126081)),
-                    pad_token_id=int(raw.get("pad_token_id", raw.get("eos_token_id", 126081))),
-                    rope_theta=float(raw.get("rope_theta", 10000.0)),
-                    rms_norm_eps=float(raw.get("rms_norm_eps", 1e-5)),
-                    max_seq=int(raw.get("max_sequence_length", 4096)),
-                    block_size=int(raw.get("block_size", 32)),
-                    attention="bidirectional", qkv_bias=bool(raw.get("include_bias", False)),
-                    tie_word_embeddings=bool(raw.get("weight_tying", False)),
-                )
-            heads = int(raw["num_attention_heads"])
-            common = dict(
-                layout=layout, model_type=model_type,
-                vocab_size=int(raw["vocab_size"]), hidden_size=int(raw["hidden_size"]),
-                num_layers=int(raw["num_hidden_layers"]), num_heads=heads,
-                num_kv_heads=int(raw.get("num_key_value_heads") or heads),
-                intermediate_size=int(raw["intermediate_size"]),
-                head_dim=int(raw.get("head_dim") or 0),
-                rope_theta=float(raw.get("rope_theta", 10000.0)),
-                rms_norm_eps=float(raw.get("rms_norm_eps", 1e-6)),
-                max_seq=int(raw.get("max_position_embeddings", 4096)),
-                tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
-            )
-            if layout == "dream":
-                return cls(
-                    **common, attention="bidirectional", qkv_bias=True, shift_logits=True,
-                    mask_token_id=int(raw.get("mask_token_id", 151666)),
-                    eos_token_id=int(raw.get("eos_token_id", 151643)),
-                    pad_token_id=int(raw.get("pad_token_id", 151643)),
-                    block_size=int(raw.get("block_size", 32)),
-                )
-            block = raw.get("block_size", raw.get("bd_size"))
-            if block is None:
-                raise UserError(f"{source}: block-causal model_type {model_type!r} needs block_size (or bd_size)")
-            return cls(
-                **common, attention="block_causal", block_size=int(block),
-                qkv_bias=bool(raw.get("qkv_bias", model_type != "sdar")),
-                qk_norm=bool(raw.get("qk_norm", model_type == "sdar")),
-                mask_token_id=int(raw["mask_token_id"]),
-                eos_token_id=int(raw["eos_token_id"]),
-                pad_token_id=int(raw.get("pad_token_id", raw["eos_token_id"])),
-            )
-        except KeyError as e:
-            raise UserError(f"{source}: missing key {e.args[0]!r} for a {layout} model") from None
-        except (TypeError, ValueError) as e:
-            raise UserError(f"{source}: bad value ({e})") from None
+        """Map a Hugging Face config dict of any registered family onto DLLMConfig."""
+        from .registry import config_from_hf
+        return config_from_hf(raw, source)
 
     @classmethod
     def from_file(cls, path: str | Path) -> "DLLMConfig":

@@ -1,46 +1,19 @@
 """Load a dLLM from a local Hugging Face folder: ``config.json`` + ``*.safetensors``.
 
-Single-file checkpoints and sharded ones (``model.safetensors.index.json``) are read; tensor
-names of each layout are mapped onto the module's Qwen2-style names. Errors name the file,
-the tensor and what was expected.
+Single-file checkpoints and sharded ones (``model.safetensors.index.json``) are read; the
+family's name table (models/registry.py) maps the checkpoint's tensor names onto its module's.
+Errors name the file, the tensor and what was expected.
 """
 from __future__ import annotations
 
 import json
-import re
 from pathlib import Path
 
 from ..errors import UserError, file_error
 from .config import DLLMConfig
+from .registry import get_family
 
 TINY_DIR = Path(__file__).resolve().parent / "tiny"
-
-# LLaDA (OLMo-style) -> ours
-_LLADA = [
-    (r"model\.transformer\.wte\.weight", "model.embed_tokens.weight"),
-    (r"model\.transformer\.ln_f\.weight", "model.norm.weight"),
-    (r"model\.transformer\.ff_out\.weight", "lm_head.weight"),
-    (r"model\.transformer\.blocks\.(\d+)\.attn_norm\.weight", r"model.layers.\1.input_layernorm.weight"),
-    (r"model\.transformer\.blocks\.(\d+)\.ff_norm\.weight", r"model.layers.\1.post_attention_layernorm.weight"),
-    (r"model\.transformer\.blocks\.(\d+)\.(q|k|v)_proj\.(weight|bias)", r"model.layers.\1.self_attn.\2_proj.\3"),
-    (r"model\.transformer\.blocks\.(\d+)\.attn_out\.weight", r"model.layers.\1.self_attn.o_proj.weight"),
-    (r"model\.transformer\.blocks\.(\d+)\.ff_proj\.weight", r"model.layers.\1.mlp.gate_proj.weight"),
-    (r"model\.transformer\.blocks\.(\d+)\.up_proj\.weight", r"model.layers.\1.mlp.up_proj.weight"),
-    (r"model\.transformer\.blocks\.(\d+)\.ff_out\.weight", r"model.layers.\1.mlp.down_proj.weight"),
-]
-
-
-def map_name(layout: str, name: str) -> str | None:
-    """Checkpoint tensor name -> module parameter name (None: not a tensor we use)."""
-    if layout == "llada":
-        for pat, rep in _LLADA:
-            if re.fullmatch(pat, name):
-                return re.sub(pat, rep, name)
-        return None
-    if name.endswith("rotary_emb.inv_freq"):
-        return None
-    return name
-
 
 def _shard_files(folder: Path) -> list[Path]:
     index = folder / "model.safetensors.index.json"
@@ -96,16 +69,15 @@ def load_model(model: str | Path, dtype=None, attention: str = "sdpa"):
     """Build the module from the folder's config.json and load its weights. Returns (module, config)."""
     import torch
 
-    from .transformer import DLLM
-
     folder = resolve_model_dir(model)
     cfg = DLLMConfig.from_file(folder / "config.json")
+    family = get_family(cfg.layout)
     with torch.device("meta"):
-        module = DLLM(cfg)
+        module = family.build(cfg)
     expected = {k: tuple(v.shape) for k, v in module.state_dict().items()}
     tensors = {}
     for name, t in read_tensors(folder).items():
-        ours = map_name(cfg.layout, name)
+        ours = family.to_ours(name)
         if ours is None or ours not in expected:
             continue
         if tuple(t.shape) != expected[ours]:

@@ -6,7 +6,8 @@ from typing import Iterator
 
 from ..decode_rules import OPTIONS, PROFILE_DEFAULT_KEYS, RUNTIME_OPTIONS, option_error
 from ..errors import OptionError, UserError
-from .loop import Decoder, RowResult, joins, resolve_cache
+from ..models.capabilities import resolve_cache
+from .loop import Decoder, RowResult, joins
 from .rows import RowOptions
 from .strategies import DecodeConfig
 
@@ -153,8 +154,8 @@ class Runtime:
 
     def joins_batches(self, **decode) -> bool:
         """Whether requests can join a running batch under these decode options (an exact cache)."""
-        cfg, c = self.decode_config(**decode), self.config
-        return joins(self.backend, resolve_cache(cfg.cache, c.attention, cfg.beam_width if cfg.strategy == "spd" else 1))
+        cfg, caps = self.decode_config(**decode), self.backend.capabilities
+        return joins(self.backend, caps, resolve_cache(cfg.cache, caps, cfg.beam_width if cfg.strategy == "spd" else 1))
 
 
 def row_options(**decode) -> RowOptions:

@@ -37,13 +37,13 @@ from ..errors import UserError
 from . import canvas
 from ..decode_rules import OPTIONS, option_error
 from ..errors import OptionError
+from ..models.capabilities import EXACT_AT_BOUNDARY, Capabilities, resolve_cache
 from .prefix import PrefixState
 from .rows import RowOptions
 from .stream import RowText
 from .strategies import DecodeConfig, Policy
 from .tree import node_depths
 
-CACHE_MODES = ("none", "prefix", "dual", "exact", "delayed", "auto")
 
 
 @dataclass
@@ -68,24 +68,6 @@ class RowResult:
         return d
 
 
-def resolve_cache(mode: str, attention: str, width: int) -> str:
-    if mode not in CACHE_MODES:
-        raise UserError(f"unknown cache mode {mode!r} (expected one of {', '.join(CACHE_MODES)})")
-    if mode == "auto":
-        return "exact" if attention == "block_causal" else "prefix"
-    if mode == "exact" and attention != "block_causal":
-        raise UserError("cache mode 'exact' needs a block-causal model; use 'prefix' or 'none' for a bidirectional one")
-    if mode == "none" and attention != "block_causal" and width > 1:
-        raise UserError("cache mode 'none' on a bidirectional model verifies one branch per forward: use beam width 1, 'prefix' or 'dual'")
-    if mode == "delayed" and attention != "block_causal":
-        raise UserError("cache mode 'delayed' needs a block-causal model; 'dual' is the approximate cache of a bidirectional one")
-    if mode == "delayed" and width > 1:
-        raise UserError("cache mode 'delayed' verifies one branch per forward: use beam width 1, or cache 'exact' for spd")
-    if mode in ("prefix", "dual") and attention == "block_causal":
-        return "exact"  # for a block-causal model the prefix cache is exact and there is no suffix to cache
-    return mode
-
-
 def block_status(tokens: np.ndarray, mask_id: int, eos_id: int) -> tuple[bool, int | None]:
     """(done, stop) of a block state (L,): stop is the index just past the first EOS when every
     position before it is committed (the row ends), else None; done when it ends or is full."""
@@ -99,16 +81,16 @@ class _Run:
     """One ``generate`` call: the batch's blocks, each decoded plan -> verify -> select. ``decode``
     is a generator: one report per forward, [(row, final ids)] for the live rows."""
 
-    def __init__(self, backend, config, encoded: list[list[int]], policy: Policy, mode: str, n_blocks: int, L: int,
-                 rows: list[RowOptions], join: Callable[[], list] | None = None):
+    def __init__(self, backend, config, caps: Capabilities, encoded: list[list[int]], policy: Policy, mode: str,
+                 n_blocks: int, L: int, rows: list[RowOptions], join: Callable[[], list] | None = None):
         """``join``: called at every block boundary, the (prompt ids, RowOptions) of rows that join
         the batch there (continuous batching; modes exact and delayed only, see ``joins``)."""
         self.backend, self.policy, self.mode, self.n_blocks, self.L = backend, policy, mode, n_blocks, L
-        self.mask_id, self.eos_id, self.anchor = config.mask_token_id, config.eos_token_id, config.shift_logits
+        self.mask_id, self.eos_id, self.anchor = config.mask_token_id, config.eos_token_id, caps.shift_logits
         self.pad_id = config.pad_token_id
-        self.bidi = config.attention != "block_causal"   # LLaDA / Dream: the canvas carries the suffix of masks
+        self.bidi = not caps.block_causal   # LLaDA / Dream: the canvas carries the suffix of masks
         self.bc_mode = "exact" if mode == "delayed" else mode   # delayed: exact at block boundaries
-        self.join = join if joins(backend, mode) else None
+        self.join = join if joins(backend, caps, mode) else None
         self.gen: list[list[int]] = []
         self.options: list[RowOptions] = []     # each row's, in row order
         self.budget: list[int] = []             # final ids a row may have
@@ -284,32 +266,30 @@ class _Run:
         return live
 
 
-def joins(backend, mode: str) -> bool:
+def joins(backend, caps: Capabilities, mode: str) -> bool:
     """Whether rows can join a running batch: an exact cache at block boundaries (a block-causal
     model under cache exact, or delayed, whose held in-block keys are gone by then), whose finished
     blocks are final, on a backend whose cache can be padded and stacked (ONNX Runtime, torch).
     A bidirectional canvas ends in a suffix as long as the rows' remaining budget, which rows
     at different blocks do not share: there, new rows wait for the next batch."""
-    return mode in ("exact", "delayed") and getattr(backend, "joins_batches", False)
+    return caps.joins and mode in EXACT_AT_BOUNDARY and getattr(backend, "joins_batches", False)
 
 
 class Decoder:
     """Runs a DecodeConfig over a backend. ``generate`` returns one RowResult per prompt."""
 
-    def __init__(self, backend, tokenizer, config, max_beam_width: int | None = None):
+    def __init__(self, backend, tokenizer, config, max_beam_width: int | None = None,
+                 capabilities: Capabilities | None = None):
+        """``capabilities``: the model's (default: the backend's), e.g. a block-causal model's
+        weights decoded as a bidirectional one."""
         self.backend, self.tok, self.config = backend, tokenizer, config
+        self.caps: Capabilities = capabilities or backend.capabilities
         self.max_beam_width = max_beam_width
         self.cap_reason = "the artifact's max_beam_width"   # what set max_beam_width (for the warning)
 
     def check_sampling(self, rows: list[RowOptions]) -> None:
-        """Sampling needs graphs that sample (schema 3), and a top-k within their pool."""
+        """Sampling needs a top-k within the pool the graphs sample from."""
         be = self.backend
-        if be.sample_pool is None:
-            if any(o.sampling for o in rows):
-                schema = getattr(be, "manifest", {}).get("schema_version", 2)
-                raise UserError(f"{getattr(be, 'folder', be.name)}: this artifact was exported without sampling "
-                                f"(schema {schema}); re-export it to sample (temperature > 0)")
-            return
         k = max(o.top_k for o in rows)
         if k > be.sample_pool:
             raise UserError(f"top k {k} is over the {be.sample_pool} tokens {getattr(be, 'folder', be.name)} samples "
@@ -348,11 +328,11 @@ class Decoder:
             warnings.warn(f"beam width {requested} lowered to {width} (cap from {self.cap_reason})", stacklevel=2)
         dcfg = DecodeConfig(**{**dcfg.__dict__, "beam_width": width})
         policy = Policy(dcfg, c.mask_token_id)
-        mode = resolve_cache(dcfg.cache, c.attention, policy.width)
+        mode = resolve_cache(dcfg.cache, self.caps, policy.width)
         n_blocks = -(-dcfg.gen_length // L)
         encoded = [self._encode(p, n_blocks * L) for p in prompts]
         join = None if join is None else self._joiner(join, dcfg, n_blocks * L)
-        return _Run(self.backend, c, encoded, policy, mode, n_blocks, L, rows, join), policy, requested
+        return _Run(self.backend, c, self.caps, encoded, policy, mode, n_blocks, L, rows, join), policy, requested
 
     def _encode(self, prompt: str, span: int) -> list[int]:
         ids = self.tok.encode(prompt)

@@ -15,20 +15,6 @@ from .noise import uniforms
 from .rows import RowOptions
 
 
-def demote_excluded(top_i: np.ndarray, top_p: np.ndarray, ids) -> tuple[np.ndarray, np.ndarray]:
-    """(B,T,K) top-k of a schema-1 graph, which may choose an excluded id (the mask token, a pad
-    distinct from EOS): excluded entries move last at probability 0, the others keep their order
-    and probabilities (not renormalised: 1 - p([MASK]) cancels to nothing when the mask is near
-    certain). A [MASK] top-1 gives way to the runner-up (K >= 2); a position whose K entries are
-    all excluded keeps them, at probability 0, so the rules take it last."""
-    bad = np.isin(top_i, ids)
-    if not bad.any():
-        return top_i, top_p
-    order = np.argsort(bad, axis=-1, kind="stable")
-    top_i, top_p, bad = (np.take_along_axis(x, order, axis=-1) for x in (top_i, top_p, bad))
-    return top_i, np.where(bad, np.float32(0), top_p)
-
-
 def _read_columns(plan: Plan) -> np.ndarray:
     """(B,W*L) each row's read columns: the plan's (W,L) for every row, or its own (B,W,L)."""
     b, (w, n) = len(plan.ids), plan.read.shape[-2:]
@@ -149,7 +135,7 @@ class PrefixState:
             out = be.prefill(cache, plan.ids, plan.positions, plan.mask, plan.keep, sampling)
         else:
             out = be.verify(cache, plan.ids, plan.positions, plan.mask, sampling)
-        top_i, top_p = demote_excluded(*out, be.host_excluded) if be.host_excluded else out   # (B,T,K)
+        top_i, top_p = out                                                                  # (B,T,K)
         at, shape = _read_columns(plan)[..., None], (len(top_i), *plan.read.shape[-2:], -1)
         return (np.take_along_axis(top_i, at, axis=1).reshape(shape),                  # (B,W,L,K)
                 np.take_along_axis(top_p, at, axis=1).reshape(shape))

@@ -4,7 +4,7 @@ to the Python ONNX Runtime runtime with the same counters; and the block-causal 
 
 Random tiny LLaDA- and Dream-layout checkpoints (tests/conftest.py::write_checkpoint) exported
 for real; the bundled tiny model's artifact relabelled bidirectional (its graphs take the mask
-as an input, so only the manifest's `attention` changes) adds a peaked model, where the
+as an input, so only the manifest's capabilities change) adds a peaked model, where the
 threshold rule commits several tokens at once, SPD accepts deep and EOS ends rows early."""
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from dllm_deploy.models.capabilities import bidirectional
 from dllm_deploy.runtime.api import decode_config
 from tests.conftest import write_checkpoint
 
@@ -50,7 +51,7 @@ def bidi_artifacts(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def tiny_bidi(tiny_artifact, tmp_path_factory):
-    """The tiny artifact with manifest model.attention = bidirectional (symlinks to its files)."""
+    """The tiny artifact with a bidirectional model's capabilities in its manifest (symlinks to its files)."""
     good = Path(tiny_artifact[0])
     d = tmp_path_factory.mktemp("tiny-bidi")
     for f in good.iterdir():
@@ -58,6 +59,7 @@ def tiny_bidi(tiny_artifact, tmp_path_factory):
             os.symlink(f, d / f.name)
     m = json.loads((good / "manifest.json").read_text())
     m["model"]["attention"] = "bidirectional"
+    m["capabilities"] = bidirectional().to_dict()
     (d / "manifest.json").write_text(json.dumps(m))
     return d
 

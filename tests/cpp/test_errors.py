@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from dllm_deploy.decode_rules import OPTIONS
+from dllm_deploy.models.capabilities import bidirectional
 from dllm_deploy.errors import OptionError, UserError
 
 from .conftest import run_generate
@@ -41,7 +42,7 @@ def bad_artifacts(tiny_artifact, tmp_path_factory):
     out = {"missing": root / "does-not-exist", "no-manifest": root / "empty"}
     out["no-manifest"].mkdir()
     out["corrupt"] = clone("corrupt", text=(good / "manifest.json").read_text()[:300])
-    out["schema"] = clone("schema", edit=lambda m: m.update(schema_version=4))
+    out["schema"] = clone("schema", edit=lambda m: m.update(schema_version=5))
     out["no-graphs"] = clone("no-graphs", edit=lambda m: m.pop("graphs"))
     out["hash"] = clone("hash")
     tampered = out["hash"] / "verify.onnx"
@@ -52,7 +53,7 @@ def bad_artifacts(tiny_artifact, tmp_path_factory):
     out["missing-file"] = clone("missing-file")
     (out["missing-file"] / "weights.bin").unlink()
     out["hf"] = clone("hf", edit=lambda m: m.update(tokenizer={"kind": "hf", "file": "tokenizer.json"}))
-    out["bidi"] = clone("bidi", edit=lambda m: m["model"].update(attention="bidirectional"))
+    out["bidi"] = clone("bidi", edit=lambda m: m.update(capabilities=bidirectional().to_dict()))
     out["huge-seq"] = clone("huge-seq", edit=lambda m: m["model"].update(max_seq=2**31 - 1))
     out["good"] = good
     out["manifest-file"] = good / "manifest.json"
@@ -66,7 +67,7 @@ CASES = {
     "missing artifact": ("missing", [], "no such artifact folder", True),
     "no manifest": ("no-manifest", [], "not an artifact (no manifest.json)", True),
     "corrupt manifest": ("corrupt", [], "manifest.json: corrupt manifest (not JSON at line ", False),
-    "unknown schema": ("schema", [], "unknown schema_version 4", True),
+    "unknown schema": ("schema", [], "unknown schema_version 5", True),
     "manifest without graphs": ("no-graphs", [], "corrupt manifest (no 'graphs')", True),
     "hash mismatch": ("hash", [], "verify.onnx: sha256 mismatch", True),
     "missing file": ("missing-file", [], "weights.bin: missing (listed in the manifest)", True),

@@ -1,7 +1,7 @@
 """Never hang, in C++ (DESIGN §8): the checkpoints whose raw top-1 is [MASK] or the pad token
 (tests/conftest.py::argmax_models) decode with every strategy and cache mode, token-identical
-to the Python ONNX Runtime runtime; a schema-1 artifact whose graphs do choose [MASK] loads with
-one warning, and its excluded ids are demoted on the host as in Python."""
+to the Python ONNX Runtime runtime; an artifact of an older schema is refused in one line asking
+for a re-export, as in Python."""
 from __future__ import annotations
 
 import pytest
@@ -14,9 +14,8 @@ KEYS = ("text", "token_ids", "forwards", "tokens", "accepted_hist", "finished")
 L, GEN = 8, 16
 PROMPTS = ["hello", "a longer prompt, 2+3="]
 CASES = [("llada-mask", "none"), ("llada-mask", "prefix"), ("llada-mask", "dual"), ("dream-pad", "prefix"),
-         ("dream-pad", "dual"), ("block_causal-mask", "exact"), ("block_causal-mask", "none"), ("block_causal-mask", "delayed"),
-         ("legacy", "prefix")]
-EXCLUDED = {"llada-mask": {299}, "dream-pad": {297, 299}, "block_causal-mask": {299}, "legacy": {299}}
+         ("dream-pad", "dual"), ("block_causal-mask", "exact"), ("block_causal-mask", "none"), ("block_causal-mask", "delayed")]
+EXCLUDED = {"llada-mask": {299}, "dream-pad": {297, 299}, "block_causal-mask": {299}}
 
 _runtimes: dict = {}
 
@@ -47,15 +46,22 @@ def test_cpp_ends_like_python(name, mode, strategy, cpp_build, argmax_models, tm
         assert g["forwards"] <= GEN and not set(g["token_ids"]) & EXCLUDED[name]
 
 
-def test_cpp_warns_once_on_a_schema_1_artifact(cpp_build, argmax_models, tmp_path):
-    """One line for the load, not one per prompt."""
-    prompts = tmp_path / "prompts.txt"
-    prompts.write_text("hello\nhi\n")
-    r = run_generate(cpp_build, "--artifact", argmax_models["legacy"][1], "--prompts-file", str(prompts), "--json",
-                     "--block-length", str(L), "--gen-length", str(GEN), "--strategy", "vanilla", "--cache", "none")
-    assert r.returncode == 0 and len(r.stdout.splitlines()) == 2, r.stderr
-    lines = [x for x in r.stderr.splitlines() if "schema-1" in x]
-    assert len(lines) == 1 and "re-export" in lines[0] and lines[0].startswith("dllm-generate: warning: "), r.stderr
-    schema2 = run_generate(cpp_build, "--artifact", argmax_models["llada-mask"][1], "--prompt", "hello", "--json",
-                           "--block-length", str(L), "--gen-length", str(GEN))
-    assert schema2.returncode == 0 and "schema-1" not in schema2.stderr
+def test_cpp_refuses_an_older_schema_as_python_does(cpp_build, argmax_models, tmp_path):
+    """Schema 3 (and older) in one line, the same as Python's, exit 2; the current schema decodes."""
+    import json
+    import shutil
+
+    from dllm_deploy.artifact import read_manifest
+    from dllm_deploy.errors import UserError
+    old = shutil.copytree(argmax_models["llada-mask"][1], tmp_path / "old")
+    m = json.loads((old / "manifest.json").read_text())
+    m["schema_version"] = 3
+    (old / "manifest.json").write_text(json.dumps(m))
+    with pytest.raises(UserError) as py:
+        read_manifest(old)
+    r = run_generate(cpp_build, "--artifact", str(old), "--prompt", "hello")
+    assert r.returncode == 2 and r.stderr.strip().endswith(str(py.value)), r.stderr
+    assert "re-export the model" in r.stderr
+    ok = run_generate(cpp_build, "--artifact", argmax_models["llada-mask"][1], "--prompt", "hello", "--json",
+                      "--block-length", str(L), "--gen-length", str(GEN))
+    assert ok.returncode == 0, ok.stderr

@@ -8,10 +8,8 @@ AddressSanitizer build on the streaming and sampling paths."""
 from __future__ import annotations
 
 import ctypes
-import hashlib
 import json
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -239,44 +237,7 @@ def test_cpp_wrapper_cancels_rethrows_and_reuses(cpp_build, tiny_artifact, py_rt
     _check_wrapper_lines(_stream_check(cpp_build, tiny_artifact[0], CHECK_OPTIONS), want_chunks, want)
 
 
-# ---- errors and old artifacts ----------------------------------------------------------------
-
-def without_sampling(src: Path, dst: Path) -> Path:
-    """The artifact as the exporter before schema 3 wrote it (fp32): graphs without the sampling
-    inputs (they choose the top-1: the sampler's inputs become constants of a greedy call),
-    manifest schema 2 without "sampling"."""
-    import onnx
-    from onnx import TensorProto, helper
-    from dllm_deploy.artifact import SAMPLING_INPUTS
-    shutil.copytree(src, dst)
-    m = json.loads((dst / "manifest.json").read_text())
-    for graph in ("prefill", "verify"):
-        rel = m["precisions"]["fp32"][graph]
-        model = onnx.load(str(dst / rel), load_external_data=False)
-        g = model.graph
-        kept = [i for i in g.input if i.name not in SAMPLING_INPUTS]
-        del g.input[:]
-        g.input.extend(kept)
-        const = lambda name, kind, v: helper.make_node("Constant", [], [name], value=helper.make_tensor(name, kind, [1], [v]))  # noqa: E731
-        for node in reversed([helper.make_node("Shape", ["input_ids"], ["sample_u_shape"]),
-                              helper.make_node("ConstantOfShape", ["sample_u_shape"], ["sample_u"],
-                                               value=helper.make_tensor("u", TensorProto.FLOAT, [1], [0.0])),
-                              const("temperature", TensorProto.FLOAT, 0.0), const("top_k", TensorProto.INT64, 0),
-                              const("top_p", TensorProto.FLOAT, 1.0)]):
-            g.node.insert(0, node)
-        onnx.save(model, str(dst / rel))
-        m["files"][rel] = hashlib.sha256((dst / rel).read_bytes()).hexdigest()
-        m["graphs"][graph]["inputs"] = [n for n in m["graphs"][graph]["inputs"] if n not in SAMPLING_INPUTS]
-    m["schema_version"] = 2
-    del m["sampling"]
-    (dst / "manifest.json").write_text(json.dumps(m, indent=2))
-    return dst
-
-
-@pytest.fixture(scope="module")
-def schema2(tiny_artifact, tmp_path_factory):
-    return without_sampling(Path(tiny_artifact[0]), tmp_path_factory.mktemp("schema2") / "tiny")
-
+# ---- errors ----------------------------------------------------------------------------------
 
 def _python_error(artifact, options: dict) -> str:
     from dllm_deploy import Runtime
@@ -291,16 +252,6 @@ def _one_line(r) -> str:
     lines = r.stderr.splitlines()
     assert r.returncode == 2 and len(lines) == 1 and lines[0].startswith("dllm-generate: error: "), r.stderr
     return lines[0][len("dllm-generate: error: "):]
-
-
-def test_schema_2_artifact_decodes_greedy_and_refuses_to_sample(cpp_build, schema2, tiny_artifact, py_rt, tmp_path):
-    options = {"strategy": "spd", "beam_width": 4, "gen_length": 32}
-    got = cpp_stream(cpp_build, schema2, PROMPTS[:1], options, tmp_path)[0]
-    assert_same(got, py_stream(py_rt, PROMPTS[0], options), "schema 2")   # = the schema-3 artifact's greedy
-    r = run_generate(cpp_build, "--artifact", str(schema2), "--prompt", PROMPTS[0], "--temperature", "0.7")
-    message = _one_line(r)
-    assert message == _python_error(schema2, {"temperature": 0.7})
-    assert message == f"{schema2}: this artifact was exported without sampling (schema 2); re-export it to sample (temperature > 0)"
 
 
 def test_sampling_and_budget_errors_are_one_line_like_python(cpp_build, tiny_artifact):

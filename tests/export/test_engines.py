@@ -124,7 +124,10 @@ def test_record_engines_keeps_the_manifest_and_adds_the_entry(tmp_path):
 
     from dllm_deploy.artifact import read_manifest, write_manifest
     (tmp_path / "a.bin").write_bytes(b"x")
-    write_manifest(tmp_path, {"model": {}, "precisions": {}, "graphs": {}, "tokenizer": {}})
+    from dllm_deploy.models.capabilities import block_causal
+    write_manifest(tmp_path, {"model": {}, "precisions": {}, "tokenizer": {}, "family": "block_causal",
+                              "capabilities": block_causal().to_dict(), "kv_shapes": [[1, 8]],
+                              "sampling": {"pool": 8}, "graphs": {g: {"inputs": [], "outputs": []} for g in ("prefill", "verify")}})
     before = json.loads((tmp_path / "manifest.json").read_text())
     record_engines(tmp_path, "h100", {"trt_version": "10.9.0"})
     m = read_manifest(tmp_path, verify=True)

@@ -11,6 +11,7 @@ from dllm_deploy.artifact.engines import engine_record, engine_shapes, import_te
 from dllm_deploy.cli import main
 from dllm_deploy.errors import UserError
 from dllm_deploy.export.engines import plan_engines
+from dllm_deploy.models.capabilities import block_causal
 from dllm_deploy.profiles import load_profiles
 from dllm_deploy.runtime.backends.trt_backend import (
     check_engines,
@@ -39,6 +40,8 @@ def artifact(tmp_path):
     write_manifest(tmp_path, {
         "model": {"num_layers": LAYERS, "num_kv_heads": HKV, "head_dim": D, "vocab_size": V, "max_seq": 512},
         "block_length": L, "max_beam_width": 8, "topk": 2, "graphs": _names(), "tokenizer": {"kind": "byte"},
+        "family": "block_causal", "capabilities": block_causal().to_dict(), "kv_shapes": [[HKV, D]] * LAYERS,
+        "sampling": {"pool": 8, "noise": "philox4x64-10/v1"},
         "precisions": {"fp32": {"prefill": "prefill.onnx", "verify": "verify.onnx", "weights": "weights.bin"}}})
     return tmp_path
 

@@ -16,13 +16,18 @@ REPO = Path(__file__).resolve().parents[2]
 def test_artifact_layout_and_manifest(tiny_artifact):
     folder, report = tiny_artifact
     m = read_manifest(folder)
-    assert m["schema_version"] == 3 and m["sampling"] == {"pool": 64, "noise": "philox4x64-10/v1"}
+    assert m["schema_version"] == 4 and m["sampling"] == {"pool": 64, "noise": "philox4x64-10/v1"}
     assert set(m["precisions"]) == {"fp32", "int8", "int4"}
     for f in ("prefill.onnx", "verify.onnx", "weights.bin", "int8/prefill.onnx", "int8/verify.onnx", "int8/weights.bin"):
         assert f in m["files"], f
     assert m["graphs"]["prefill"]["inputs"][:3] == ["input_ids", "position_ids", "attention_mask"]
     assert "present.0.key" in m["graphs"]["prefill"]["outputs"]
     assert m["graphs"]["verify"]["outputs"] == ["top_ids", "top_probs"]
+    # schema 4: the family, what it can do (the runtimes ask this, never the family's name), KV per layer
+    cfg = m["model"]
+    assert m["family"] == "block_causal" and set(m["capabilities"]["graphs"]) == set(m["graphs"]) == {"prefill", "verify"}
+    assert m["capabilities"]["attention"] == "block_causal" and m["capabilities"]["cache"]["auto"] == "exact"
+    assert m["kv_shapes"] == [[cfg["num_kv_heads"], cfg["head_dim"]]] * cfg["num_layers"]
     # excluded: the ids the graphs never choose (the mask, and the pad as it is not EOS)
     assert m["special_ids"] == {"mask": 256, "eos": 257, "pad": 258, "excluded": [256, 258]}
     # weights are stored once: both graphs together are far smaller than two copies of the weights

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from dllm_deploy.evals import tasks
+from dllm_deploy.models.capabilities import bidirectional
 from dllm_deploy.runtime.api import decode_config
 from dllm_deploy.runtime.loop import Decoder
 
@@ -18,7 +19,7 @@ L, GEN = 32, 96
 @pytest.fixture(scope="module")
 def bidi(tiny_runtime):
     cfg = dataclasses.replace(tiny_runtime.config, attention="bidirectional")
-    return Decoder(tiny_runtime.backend, tiny_runtime.tokenizer, cfg), tiny_runtime
+    return Decoder(tiny_runtime.backend, tiny_runtime.tokenizer, cfg, capabilities=bidirectional()), tiny_runtime
 
 
 def llada_generate(runtime, cfg, prompt: str, gen_length: int = GEN) -> list[int]:

@@ -7,7 +7,7 @@ import pytest
 
 from dllm_deploy.errors import UserError
 from dllm_deploy.runtime import canvas
-from dllm_deploy.runtime.loop import resolve_cache
+from dllm_deploy.models.capabilities import bidirectional, block_causal, resolve_cache
 from dllm_deploy.runtime.rules import Threshold
 
 GEN = 64
@@ -125,9 +125,9 @@ def test_delayed_feeds_fewer_tokens_than_exact(ort):
 def test_delayed_needs_one_branch_and_a_block_causal_model(ort):
     with pytest.raises(UserError, match="beam width 1"):
         ort.generate(PROMPTS[1], strategy="spd", beam_width=2, cache="delayed", gen_length=GEN)
-    assert resolve_cache("delayed", "block_causal", 1) == "delayed"
+    assert resolve_cache("delayed", block_causal(), 1) == "delayed"
     with pytest.raises(UserError, match="needs a block-causal model"):
-        resolve_cache("delayed", "bidirectional", 1)
+        resolve_cache("delayed", bidirectional(), 1)
 
 
 def test_a_profiles_delayed_cache_gives_way_to_an_spd_tree(ort):

@@ -19,7 +19,6 @@ from dllm_deploy.models.config import DLLMConfig
 from dllm_deploy.models.exclusion import excluded_ids
 from dllm_deploy.models.loading import load_model
 from dllm_deploy.runtime.api import decode_config
-from dllm_deploy.runtime.prefix import demote_excluded
 from dllm_deploy.runtime.strategies import DecodeConfig, Policy
 from tests.conftest import ARGMAX_CASES, STRATEGIES
 
@@ -95,7 +94,7 @@ def test_the_graphs_exclude_and_the_manifest_says_so(argmax_models):
     from dllm_deploy.runtime.backends.base import sampling_feeds
     artifact = argmax_models["llada-mask"][1]
     m = json.loads(open(f"{artifact}/manifest.json").read())
-    assert m["schema_version"] == 3 and m["special_ids"]["excluded"] == [299]
+    assert m["schema_version"] == 4 and m["special_ids"]["excluded"] == [299]
     feeds = {"input_ids": np.full((1, 6), 299, dtype=np.int64), "position_ids": np.arange(6)[None],
              "attention_mask": np.ones((1, 1, 6, 6), dtype=bool)}
     feeds.update({n: np.zeros((1, 4, 0, 16), dtype=np.float32) for n in m["graphs"]["verify"]["inputs"][3:]
@@ -107,37 +106,18 @@ def test_the_graphs_exclude_and_the_manifest_says_so(argmax_models):
     assert np.isneginf(logits[..., 299]).all() and np.isfinite(logits[..., :299]).all()
 
 
-def test_a_schema_1_manifest_loads_with_a_warning(argmax_models, tmp_path):
-    """A schema-2 artifact relabelled schema 1 (new key removed, hashes untouched) loads, warns
-    once, and decodes exactly as before (its graphs already exclude)."""
+@pytest.mark.parametrize("version", [1, 2, 3])
+def test_an_older_schema_is_refused_asking_for_a_re_export(argmax_models, tmp_path, version):
+    """Schemas 1-3 are not read (CHANGELOG.md): one line naming the fix, before any graph is opened."""
     from dllm_deploy import Runtime
-    src = argmax_models["llada-mask"][1]
-    old = shutil.copytree(src, tmp_path / "old")
+    from dllm_deploy.errors import UserError
+    old = shutil.copytree(argmax_models["llada-mask"][1], tmp_path / "old")
     m = json.loads((old / "manifest.json").read_text())
-    m["schema_version"] = 1
-    del m["special_ids"]["excluded"]
+    m["schema_version"] = version
     (old / "manifest.json").write_text(json.dumps(m))
-    with pytest.warns(UserWarning, match="schema-1 artifact: its graphs may emit the mask token.*re-export") as w:
-        rt = Runtime.load(artifact=str(old))
-    assert len([x for x in w if "schema-1" in str(x.message)]) == 1
-    cfg = decode_config(**options("prefix", "spd-lossless-vanilla"))
-    got = rt.decoder.generate(PROMPTS, cfg)
-    want = runtime(argmax_models, "llada-mask", "ort").decoder.generate(PROMPTS, cfg)
-    assert [r.token_ids for r in got] == [r.token_ids for r in want]
-
-
-@pytest.mark.parametrize("strategy", list(STRATEGIES))
-def test_a_schema_1_artifact_whose_graphs_emit_the_mask_ends(strategy, argmax_models):
-    """Graphs without the exclusion (the exporter before schema 2): the host demotes [MASK]."""
-    from dllm_deploy import Runtime
-    with pytest.warns(UserWarning, match="schema-1"):
-        rt = Runtime.load(artifact=argmax_models["legacy"][1])
-    assert rt.backend.host_excluded == (299,)
-    ids = np.full((1, 6), 299, dtype=np.int64)
-    top_i, _ = rt.backend.verify(rt.backend.new_cache(1, 6), ids, np.arange(6)[None], np.ones((1, 1, 6, 6), dtype=bool))
-    assert (top_i[..., 0] == 299).all()          # the premise: these graphs do choose [MASK]
-    for mode in ("none", "prefix"):
-        check_progress(rt.decoder.generate(PROMPTS, decode_config(**options(mode, strategy))), rt.config)
+    with pytest.raises(UserError, match=rf"schema_version {version} was written by an older dllm-deploy; "
+                                        r"re-export the model \(this runtime reads 4; CHANGELOG.md\)"):
+        Runtime.load(artifact=str(old))
 
 
 def test_an_unknown_schema_is_still_refused(argmax_models, tmp_path):
@@ -145,21 +125,11 @@ def test_an_unknown_schema_is_still_refused(argmax_models, tmp_path):
     from dllm_deploy.errors import UserError
     bad = shutil.copytree(argmax_models["llada-mask"][1], tmp_path / "bad")
     m = json.loads((bad / "manifest.json").read_text())
-    for version in (4, 0, True):
+    for version in (5, 0, True):
         m["schema_version"] = version
         (bad / "manifest.json").write_text(json.dumps(m))
-        with pytest.raises(UserError, match=r"unknown schema_version .* \(this runtime reads 1, 2, 3\)"):
+        with pytest.raises(UserError, match=r"unknown schema_version .* \(this runtime reads 4\)"):
             read_manifest(bad)
-
-
-def test_demote_excluded():
-    """Excluded entries go last at probability 0; the rest keep order and probability."""
-    top_i = np.array([[[9, 4], [4, 9], [9, 7], [4, 5]]])
-    top_p = np.array([[[0.6, 0.3], [0.5, 0.4], [0.9, 0.1], [0.8, 0.1]]], dtype=np.float32)
-    ids, probs = demote_excluded(top_i, top_p, (9, 7))
-    assert ids.tolist() == [[[4, 9], [4, 9], [9, 7], [4, 5]]]
-    np.testing.assert_array_equal(probs, np.float32([[[0.3, 0], [0.5, 0], [0, 0], [0.8, 0.1]]]))
-    assert probs.dtype == np.float32
 
 
 def test_a_step_that_commits_nothing_is_an_error_not_a_loop():

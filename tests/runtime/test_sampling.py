@@ -12,9 +12,6 @@ call.
 from __future__ import annotations
 
 import json
-import shutil
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -96,26 +93,6 @@ def test_torch_and_onnx_runtime_sample_alike(ort_rt, tiny_runtime):
     assert np.allclose(got[0][1], got[1][1], atol=1e-4)
 
 
-def test_an_artifact_without_sampling_decodes_greedy_and_refuses_temperature(ort_rt, tiny_artifact, tmp_path):
-    old = tmp_path / "schema2"
-    shutil.copytree(tiny_artifact[0], old)
-    m = json.loads((old / "manifest.json").read_text())
-    m["schema_version"] = 2
-    del m["sampling"]
-    (old / "manifest.json").write_text(json.dumps(m))
-    rt = Runtime.load(artifact=str(old), profile="generic-cpu")
-    assert rt.backend.sample_pool is None
-    assert ids(rt.generate(PROMPTS[:2], gen_length=GEN)) == ids(ort_rt.generate(PROMPTS[:2], gen_length=GEN))
-    want = (f"{old}: this artifact was exported without sampling (schema 2); "
-            "re-export it to sample (temperature > 0)")
-    with pytest.raises(UserError) as e:
-        rt.generate(PROMPTS[0], temperature=0.7)
-    assert str(e.value) == want
-    p = subprocess.run([sys.executable, "-m", "dllm_deploy.cli", "generate", "--artifact", str(old), "--profile",
-                        "generic-cpu", "--prompt", "upper: ab\n", "--temperature", "0.7"], capture_output=True, text=True)
-    assert p.returncode == 2 and p.stderr == f"dllm-deploy: error: {want}\n"
-
-
 def test_top_k_over_the_pool_is_refused(ort_rt, tiny_runtime):
     assert ort_rt.backend.sample_pool == 64 == tiny_runtime.backend.sample_pool
     with pytest.raises(UserError, match=r"top k 65 is over the 64 tokens .* samples from \(its sampling pool"):
@@ -167,7 +144,7 @@ def test_export_sample_pool(tmp_path):
         export(ckpt, tmp_path / "bad", sample_pool=301, log=lambda m: None)
     art = export(ckpt, tmp_path / "art", sample_pool=8, max_beam_width=2, log=lambda m: None)["artifact"]
     m = json.loads((tmp_path / "art" / "manifest.json").read_text())
-    assert m["schema_version"] == 3 and m["sampling"] == {"pool": 8, "noise": "philox4x64-10/v1"}
+    assert m["schema_version"] == 4 and m["sampling"] == {"pool": 8, "noise": "philox4x64-10/v1"}
     assert m["graphs"]["verify"]["inputs"][-4:] == ["sample_u", "temperature", "top_k", "top_p"]
     rt = Runtime.load(artifact=art, profile="generic-cpu")
     with pytest.raises(UserError, match="top k 9 is over the 8 tokens"):

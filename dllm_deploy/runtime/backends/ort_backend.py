@@ -14,7 +14,7 @@ import numpy as np
 
 from ...artifact import MANIFEST, read_manifest, sample_pool
 from ...errors import UserError, file_error
-from .base import host_excluded, sampling_feeds
+from .base import artifact_capabilities, sampling_feeds
 
 
 def provider_list(providers: list[str], options: dict | None = None) -> list:
@@ -45,13 +45,13 @@ def session_threads(so, threads: int | None) -> None:
 
 
 class OrtCache:
-    """Per-layer KV as contiguous (B, Hkv, P, D) arrays: ONNX Runtime reads them in place (no copy
-    per verification step); a commit replaces them once per block with the graph's present."""
+    """Per-layer KV as contiguous (B, Hkv, P, D) arrays (Hkv, D: the layer's, from the manifest's
+    kv_shapes): ONNX Runtime reads them in place (no copy per verification step); a commit replaces
+    them once per block with the graph's present."""
 
-    def __init__(self, layers: int, batch: int, hkv: int, d: int, dtype):
-        empty = np.zeros((batch, hkv, 0, d), dtype=dtype)
-        self.k = [empty] * layers
-        self.v = [empty] * layers
+    def __init__(self, shapes: list, batch: int, dtype):
+        self.k = [np.zeros((batch, hkv, 0, d), dtype=dtype) for hkv, d in shapes]
+        self.v = list(self.k)
         self.length = 0
 
     def past(self):
@@ -98,14 +98,14 @@ class OrtBackend:
         self.topk = manifest.get("topk")
         if self.topk is None:
             raise UserError(f"{self.folder / MANIFEST}: corrupt manifest (no 'topk')")
-        self.host_excluded = host_excluded(manifest, self.config, self.folder)
+        self.capabilities = artifact_capabilities(manifest, self.folder)
         files = manifest["precisions"][precision]
         so = ort.SessionOptions()
         so.log_severity_level = 3
         session_threads(so, threads)
         so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
         plist = provider_list(providers or ["CPUExecutionProvider"], provider_options)
-        self.sessions = {g: _session(self.folder, files, g, so, plist) for g in ("prefill", "verify")}
+        self.sessions = {g: _session(self.folder, files, g, so, plist) for g in self.capabilities.graphs}
         for g, sess in self.sessions.items():     # the loop feeds and fetches by the manifest's names
             have = {"inputs": [i.name for i in sess.get_inputs()], "outputs": [o.name for o in sess.get_outputs()]}
             for k in ("inputs", "outputs"):
@@ -117,15 +117,18 @@ class OrtBackend:
         self.kv_dtype = np.float16 if "float16" in inp[3].type else np.float32
         self.names = manifest["graphs"]
         self.past_names = [n for n in self.names["prefill"]["inputs"] if n.startswith("past_key_values.")]
-        self.fed_sampling = "sample_u" in self.names["prefill"]["inputs"]     # schema 3 graphs take the inputs
-        self.sample_pool = sample_pool(manifest) if self.fed_sampling else None
+        self.kv_shapes = [tuple(x) for x in manifest["kv_shapes"]]
+        self.sample_pool = sample_pool(manifest)
         # the decode loop never needs prefill's full logits (B,T,V): not fetching them lets ONNX
         # Runtime free them as an intermediate instead of returning T*V floats per call
         self.prefill_fetch = [n for n in self.names["prefill"]["outputs"] if n != "logits"]
 
     def new_cache(self, batch: int, capacity: int) -> OrtCache:
-        c = self.config
-        return OrtCache(c.num_layers, batch, c.num_kv_heads, c.head_dim, self.kv_dtype)
+        return OrtCache(self.kv_shapes, batch, self.kv_dtype)
+
+    def run(self, role: str, feeds: dict, fetch: list[str] | None = None) -> list:
+        """One call of the graph of ``role`` (outputs ``fetch``, default all), by the manifest's names."""
+        return self.sessions[role].run(fetch, feeds)
 
     def _feeds(self, cache, ids, pos, mask, sampling=None):
         feeds = {"input_ids": np.ascontiguousarray(ids, dtype=np.int64),
@@ -134,16 +137,15 @@ class OrtBackend:
         for i, (k, v) in enumerate(cache.past()):
             feeds[self.past_names[2 * i]] = k
             feeds[self.past_names[2 * i + 1]] = v
-        if self.fed_sampling:
-            feeds.update(sampling_feeds(sampling, *ids.shape))
+        feeds.update(sampling_feeds(sampling, *ids.shape))
         return feeds
 
     def prefill(self, cache, ids, pos, mask, keep: int, sampling=None):
-        outs = self.sessions["prefill"].run(self.prefill_fetch, self._feeds(cache, ids, pos, mask, sampling))
+        outs = self.run("prefill", self._feeds(cache, ids, pos, mask, sampling), self.prefill_fetch)
         top_i, top_p = outs[0], outs[1]
         end = cache.length + keep
         full = outs[2].shape[2] == end
-        for i in range(self.config.num_layers):
+        for i in range(len(self.kv_shapes)):
             k, v = outs[2 + 2 * i], outs[3 + 2 * i]
             cache.k[i] = k if full else np.ascontiguousarray(k[:, :, :end])
             cache.v[i] = v if full else np.ascontiguousarray(v[:, :, :end])
@@ -152,11 +154,11 @@ class OrtBackend:
 
     def logits(self, cache, ids, pos, mask) -> np.ndarray:
         """Full logits (B,T,V) from the prefill graph (for likelihood scoring); cache unchanged."""
-        out = self.sessions["prefill"].run(["logits"], self._feeds(cache, ids, pos, mask))[0]
+        out = self.run("prefill", self._feeds(cache, ids, pos, mask), ["logits"])[0]
         return out.astype(np.float32, copy=False)
 
     def verify(self, cache, ids, pos, mask, sampling=None):
-        top_i, top_p = self.sessions["verify"].run(None, self._feeds(cache, ids, pos, mask, sampling))
+        top_i, top_p = self.run("verify", self._feeds(cache, ids, pos, mask, sampling))
         return top_i, top_p.astype(np.float32, copy=False)
 
 

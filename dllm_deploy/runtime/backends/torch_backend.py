@@ -46,18 +46,19 @@ class TorchCache:
 class TorchBackend:
     name = "torch"
     joins_batches = True        # its cache pads and stacks: rows may join a running batch (loop.joins)
-    host_excluded = ()          # _run excludes the ids itself, as the exported graphs do
 
     def __init__(self, model, config, device: str = "cpu", topk: int = 2, threads: int | None = None):
         import torch
 
         from ...models.exclusion import excluded_ids, exclusion_mask
+        from ...models.registry import capabilities_of
         from ...models.sampling import default_pool
         if threads:
             torch.set_num_threads(threads)
         self.torch = torch
         self.model = model.to(device).eval()
         self.config = config
+        self.capabilities = capabilities_of(config)
         self.device = device
         self.topk = topk
         self.sample_pool = default_pool(config.vocab_size)

@@ -28,7 +28,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ...artifact import SAMPLING_INPUTS, sample_pool
+from ...artifact import SAMPLING_INPUTS, kv_shape, sample_pool
 from ...artifact.engines import (
     GRAPHS,
     Shapes,
@@ -40,7 +40,7 @@ from ...artifact.engines import (
     stale_reasons,
 )
 from ...errors import UserError
-from .base import host_excluded, sampling_feeds
+from .base import artifact_capabilities, sampling_feeds
 
 # tensorrt.DataType member name -> torch dtype attribute name
 TRT_TO_TORCH = {"FLOAT": "float32", "HALF": "float16", "BF16": "bfloat16", "INT64": "int64", "INT32": "int32",
@@ -52,18 +52,22 @@ TRT_TO_TORCH = {"FLOAT": "float32", "HALF": "float16", "BF16": "bfloat16", "INT6
 def io_shapes(manifest: dict, graph: str, batch: int, tokens: int, past: int) -> dict[str, tuple[int, ...]]:
     """Every input and output shape of one call of ``graph`` with B = batch, T = tokens, P = past."""
     m, names = manifest["model"], manifest["graphs"][graph]
-    hkv, d, v, k = int(m["num_kv_heads"]), int(m["head_dim"]), int(m["vocab_size"]), int(manifest["topk"])
+    v, k = int(m["vocab_size"]), int(manifest["topk"])
     b, t, p = batch, tokens, past
     shapes: dict[str, tuple[int, ...]] = {"input_ids": (b, t), "position_ids": (b, t), "attention_mask": (b, 1, t, p + t)}
     for name in names["inputs"][3:]:
-        shapes[name] = ((b, t) if name == "sample_u" else (b,) if name in SAMPLING_INPUTS
-                        else (b, hkv, p, d))                                # sampling; past (B,Hkv,P,D)
+        if name in SAMPLING_INPUTS:
+            shapes[name] = (b, t) if name == "sample_u" else (b,)
+        else:
+            hkv, d = kv_shape(manifest, name)
+            shapes[name] = (b, hkv, p, d)                                   # past (B,Hkv,P,D)
     for name in names["outputs"]:
         if name == "logits":
             shapes[name] = (b, t, v)                                        # (B,T,V)
         elif name in ("top_ids", "top_probs"):
             shapes[name] = (b, t, k)                                        # (B,T,K)
         else:
+            hkv, d = kv_shape(manifest, name)
             shapes[name] = (b, hkv, p + t, d)                               # present (B,Hkv,P+T,D)
     return shapes
 
@@ -184,40 +188,42 @@ class _Engine:  # pragma: no cover - needs a GPU with TensorRT
 
 class TrtCache:  # pragma: no cover - needs a GPU
     """Per layer and kind one flat device buffer; its first B*Hkv*P*D elements are the contiguous
-    (B, Hkv, P, D) past the engines read in place."""
+    (B, Hkv, P, D) past the engines read in place (Hkv, D: the layer's, from kv_shapes)."""
 
-    def __init__(self, torch, layers: int, batch: int, hkv: int, d: int, capacity: int, dtype):
-        self.torch, self.batch, self.hkv, self.d, self.dtype = torch, batch, hkv, d, dtype
+    def __init__(self, torch, shapes: list, batch: int, capacity: int, dtype):
+        self.torch, self.batch, self.shapes, self.dtype = torch, batch, list(shapes), dtype
         self.capacity = max(int(capacity), 1)
         self.length = 0
-        n = batch * hkv * self.capacity * d
-        self.k = [torch.empty(n, dtype=dtype, device="cuda") for _ in range(layers)]
-        self.v = [torch.empty(n, dtype=dtype, device="cuda") for _ in range(layers)]
+        self._alloc()
 
-    def _view(self, flat, length: int):
-        return flat[: self.batch * self.hkv * length * self.d].view(self.batch, self.hkv, length, self.d)
+    def _alloc(self) -> None:
+        sizes = [self.batch * hkv * self.capacity * d for hkv, d in self.shapes]
+        self.k = [self.torch.empty(n, dtype=self.dtype, device="cuda") for n in sizes]
+        self.v = [self.torch.empty(n, dtype=self.dtype, device="cuda") for n in sizes]
+
+    def _view(self, i: int, flat, length: int):
+        hkv, d = self.shapes[i]
+        return flat[: self.batch * hkv * length * d].view(self.batch, hkv, length, d)
 
     def past(self) -> list:
-        return [(self._view(k, self.length), self._view(v, self.length)) for k, v in zip(self.k, self.v)]
+        return [(self._view(i, k, self.length), self._view(i, v, self.length)) for i, (k, v) in enumerate(zip(self.k, self.v))]
 
     def store(self, presents: list, end: int) -> None:
         """Keep the first ``end`` positions of each layer's present (B, Hkv, P+T, D)."""
         if end > self.capacity:                                   # the loop sizes capacity; grow if asked for more
             self.capacity = end
-            n = self.batch * self.hkv * end * self.d
-            self.k = [self.torch.empty(n, dtype=self.dtype, device="cuda") for _ in self.k]
-            self.v = [self.torch.empty(n, dtype=self.dtype, device="cuda") for _ in self.v]
+            self._alloc()
         for i, (pk, pv) in enumerate(presents):
-            self._view(self.k[i], end).copy_(pk[:, :, :end])
-            self._view(self.v[i], end).copy_(pv[:, :, :end])
+            self._view(i, self.k[i], end).copy_(pk[:, :, :end])
+            self._view(i, self.v[i], end).copy_(pv[:, :, :end])
         self.length = end
 
     def truncate(self, n: int) -> None:
         """Only the first n cached positions stay (cache mode delayed drops a block's held keys)."""
         kept = [(k[:, :, :n].clone(), v[:, :, :n].clone()) for k, v in self.past()]
         for i, (k, v) in enumerate(kept):
-            self._view(self.k[i], n).copy_(k)
-            self._view(self.v[i], n).copy_(v)
+            self._view(i, self.k[i], n).copy_(k)
+            self._view(i, self.v[i], n).copy_(v)
         self.length = n
 
     def keep_rows(self, rows: np.ndarray) -> None:
@@ -225,8 +231,8 @@ class TrtCache:  # pragma: no cover - needs a GPU
         kept = [(k.index_select(0, idx), v.index_select(0, idx)) for k, v in self.past()]
         self.batch = len(rows)
         for i, (k, v) in enumerate(kept):
-            self._view(self.k[i], self.length).copy_(k)
-            self._view(self.v[i], self.length).copy_(v)
+            self._view(i, self.k[i], self.length).copy_(k)
+            self._view(i, self.v[i], self.length).copy_(v)
 
 
 class TrtBackend:  # pragma: no cover - needs a GPU with TensorRT
@@ -245,23 +251,22 @@ class TrtBackend:  # pragma: no cover - needs a GPU with TensorRT
         self.precision = built["precision"]
         self.config = DLLMConfig.from_dict(manifest["model"])
         self.topk = int(manifest["topk"])
-        self.host_excluded = host_excluded(manifest, self.config, self.folder)
+        self.capabilities = artifact_capabilities(manifest, self.folder)
+        self.kv_shapes = [tuple(x) for x in manifest["kv_shapes"]]
         self.block_length = int(manifest["block_length"])
         self.providers = [f"TensorRT {trt.__version__}"]
         rebuild = f"dllm-deploy build-engines --artifact {folder} --profile {profile.name}"
         names = manifest["graphs"]
         self.engines = {g: _Engine(trt, torch, self.folder / built["graphs"][g]["plan"],
-                                   names[g]["inputs"] + names[g]["outputs"], rebuild) for g in GRAPHS}
+                                   names[g]["inputs"] + names[g]["outputs"], rebuild) for g in self.capabilities.graphs}
         self.past_names = [n for n in names["prefill"]["inputs"] if n.startswith("past_key_values.")]
-        self.fed_sampling = "sample_u" in names["prefill"]["inputs"]          # schema 3 engines take the inputs
-        self.sample_pool = sample_pool(manifest) if self.fed_sampling else None
+        self.sample_pool = sample_pool(manifest)
         self.present_names = [n for n in names["prefill"]["outputs"] if n.startswith("present.")]
         self.kv_dtype = self.engines["prefill"].dtypes[self.past_names[0]]
         self.max_beam_width = max_beam_width_of(self.engines["verify"].ranges, self.block_length)
 
     def new_cache(self, batch: int, capacity: int) -> TrtCache:
-        c = self.config
-        return TrtCache(self.torch, c.num_layers, batch, c.num_kv_heads, c.head_dim, capacity, self.kv_dtype)
+        return TrtCache(self.torch, self.kv_shapes, batch, capacity, self.kv_dtype)
 
     def _host(self, eng: _Engine, name: str, arr: np.ndarray):
         """Copy a host array into ``name``'s device buffer (converting to the engine's dtype)."""
@@ -277,8 +282,7 @@ class TrtBackend:  # pragma: no cover - needs a GPU with TensorRT
         for i, (k, v) in enumerate(cache.past()):
             feeds[self.past_names[2 * i]] = k
             feeds[self.past_names[2 * i + 1]] = v
-        if self.fed_sampling:
-            feeds.update({n: self._host(eng, n, x) for n, x in sampling_feeds(sampling, b, t).items()})
+        feeds.update({n: self._host(eng, n, x) for n, x in sampling_feeds(sampling, b, t).items()})
         return eng.run(feeds, graph)
 
     def _top(self, outs: dict):
@@ -290,7 +294,7 @@ class TrtBackend:  # pragma: no cover - needs a GPU with TensorRT
         outs = self._run("prefill", cache, ids, pos, mask, sampling)
         end = cache.length + keep
         cache.store([(outs[self.present_names[2 * i]], outs[self.present_names[2 * i + 1]])
-                     for i in range(self.config.num_layers)], end)
+                     for i in range(len(self.kv_shapes))], end)
         return self._top(outs)
 
     def verify(self, cache: TrtCache, ids, pos, mask, sampling=None):

@@ -1,0 +1,9 @@
+"""The built-in model families, one file each (models/registry.py imports them on first lookup).
+
+Adding a decoder-only family takes its file here (or in your own package, registered with
+``dllm_deploy.register_family``), a module only if ``models/transformer.py`` cannot express it,
+and its tests: docs/families.md.
+"""
+
+# model_types recognised but not supported yet: model_type -> why (the loader's one-line refusal)
+UNSUPPORTED = {"llada_moe": "a mixture-of-experts model is not supported yet"}
