@@ -49,7 +49,6 @@ def engine_shapes(manifest: dict, decode: dict) -> dict[str, dict[str, Shapes]]:
     w_max = min(int(decode.get("max_beam_width", w_opt)), int(manifest.get("max_beam_width", w_opt)))
     w_opt = min(w_opt, w_max)
     max_seq = min(int(decode.get("max_seq", m["max_seq"])), int(m["max_seq"]))
-    hkv, d = int(m["num_kv_heads"]), int(m["head_dim"])
     out: dict[str, dict[str, Shapes]] = {}
     for graph, (t_min, t_opt, t_max) in {"prefill": (1, 2 * L, max_seq), "verify": (L, w_opt * L, w_max * L)}.items():
         p_opt = max(0, min(max_seq // 2, max_seq - t_opt))
@@ -60,12 +59,11 @@ def engine_shapes(manifest: dict, decode: dict) -> dict[str, dict[str, Shapes]]:
             "position_ids": Shapes((1, t_min), (batch, t_opt), (batch, t_max)),
             "attention_mask": Shapes((1, 1, t_min, t_min), (batch, 1, t_opt, p_opt + t_opt), (batch, 1, t_max, s_max)),
         }
-        for i in range(int(m["num_layers"])):
+        for i, (hkv, d) in enumerate(manifest["kv_shapes"]):           # each layer's (Hkv, D)
             for kind in ("key", "value"):
                 shapes[f"past_key_values.{i}.{kind}"] = Shapes((1, hkv, 0, d), (batch, hkv, p_opt, d), (batch, hkv, p_max, d))
-        if "sample_u" in manifest["graphs"][graph]["inputs"]:     # schema 3: the sampling inputs
-            shapes["sample_u"] = Shapes((1, t_min), (batch, t_opt), (batch, t_max))
-            shapes.update({n: Shapes((1,), (batch,), (batch,)) for n in ("temperature", "top_k", "top_p")})
+        shapes["sample_u"] = Shapes((1, t_min), (batch, t_opt), (batch, t_max))
+        shapes.update({n: Shapes((1,), (batch,), (batch,)) for n in ("temperature", "top_k", "top_p")})
         out[graph] = shapes
     return out
 

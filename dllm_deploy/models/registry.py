@@ -126,9 +126,9 @@ _loaded = False
 
 
 def register_family(family: Family, replace: bool = False) -> Family:
-    """Make ``family`` known to every loader, exporter and runtime of this process. A name or
-    model_type already taken is refused unless ``replace``. Returns the family (usable as a decorator
-    target's result)."""
+    """Make ``family`` known to every loader, exporter and writer of this process (an exported
+    artifact needs no registration: its manifest says what the runtimes need). A name or model_type
+    already taken is refused unless ``replace``. Returns the family."""
     _builtin()
     taken = [t for t in family.model_types if _BY_TYPE.get(t.lower(), family.name) != family.name]
     if not replace and (family.name in _FAMILIES or taken):

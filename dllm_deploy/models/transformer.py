@@ -201,9 +201,13 @@ class DLLM(nn.Module):
         return self
 
     def empty_past(self, batch: int, device=None, dtype=torch.float32):
-        c = self.config
-        z = torch.zeros(batch, c.num_kv_heads, 0, c.head_dim, device=device, dtype=dtype)
-        return [(z, z) for _ in range(c.num_layers)]
+        """An empty (B,Hkv,0,D) key and value per layer, each layer's own Hkv and D."""
+        out = []
+        for layer in self.model.layers:
+            a = layer.self_attn
+            z = torch.zeros(batch, a.hkv, 0, a.d, device=device, dtype=dtype)
+            out.append((z, z))
+        return out
 
     def forward(self, input_ids, position_ids, attention_mask, past=None):
         c = self.config
@@ -211,13 +215,19 @@ class DLLM(nn.Module):
             past = self.empty_past(input_ids.shape[0], input_ids.device, self.lm_head.weight.dtype)
         x = self.model.embed_tokens(input_ids)                               # (B,T,C)
         cos, sin = rope_tables(position_ids, c.head_dim, c.rope_theta)       # (B,1,T,D)
-        if self.model.layers[0].self_attn.impl == "eager":                   # Attention._graph's layouts
+        eager = self.model.layers[0].self_attn.impl == "eager"
+        if eager:                                                            # Attention._graph's layouts
             cos, sin = cos.transpose(1, 2)[:, :, None], sin.transpose(1, 2)[:, :, None]     # (B,T,1,1,D)
-            rep = c.num_heads // c.num_kv_heads
-            attention_mask = attention_mask.repeat(1, 1, rep, 1) if rep > 1 else attention_mask   # (B,1,R*T,S)
+        masks: dict = {}      # R = H/Hkv -> the mask repeated R times (B,1,R*T,S); layers may differ in Hkv
         present = []
         for layer, (pk, pv) in zip(self.model.layers, past):
-            x, k, v = layer(x, cos, sin, attention_mask, pk, pv)
+            mask = attention_mask
+            if eager:
+                rep = layer.self_attn.h // layer.self_attn.hkv
+                if rep not in masks:
+                    masks[rep] = attention_mask.repeat(1, 1, rep, 1) if rep > 1 else attention_mask
+                mask = masks[rep]
+            x, k, v = layer(x, cos, sin, mask, pk, pv)
             present.append((k, v))
         logits = self.lm_head(self.model.norm(x))                            # (B,T,V)
         if c.shift_logits:   # Dream: row i-1 predicts row i, so a caller keeps each block's left

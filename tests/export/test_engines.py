@@ -18,8 +18,8 @@ from dllm_deploy.profiles import load_profiles
 INPUTS = ["input_ids", "position_ids", "attention_mask",
           *[f"past_key_values.{i}.{k}" for i in range(2) for k in ("key", "value")], *SAMPLING_INPUTS]
 MANIFEST = {"model": {"num_layers": 2, "num_kv_heads": 8, "head_dim": 128, "max_seq": 4096},
-            "block_length": 32, "max_beam_width": 16,
-            "graphs": {g: {"inputs": INPUTS} for g in ("prefill", "verify")}}     # schema 3: sampling inputs
+            "block_length": 32, "max_beam_width": 16, "kv_shapes": [[8, 128]] * 2,
+            "graphs": {g: {"inputs": INPUTS} for g in ("prefill", "verify")}}
 
 
 def test_h100_like_shapes_are_sane():
