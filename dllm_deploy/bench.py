@@ -70,16 +70,16 @@ class TimedBackend:
 
 class ChunkClock:
     """Times the chunks of decode calls: each row's time to first token, and the gaps between its
-    chunks that carry token ids (seconds). ``around(decoder)`` is a decoder for run_eval."""
+    chunks that carry token ids (seconds). ``around(runtime)`` is a runtime for run_eval."""
 
     def __init__(self):
         self.ttft, self.gaps = [], []
 
-    def around(self, decoder) -> SimpleNamespace:
-        """``decoder`` as run_eval reads it (generate, backend), its calls timed."""
-        return SimpleNamespace(generate=partial(self.generate, decoder), backend=decoder.backend)
+    def around(self, runtime) -> SimpleNamespace:
+        """``runtime`` as run_eval reads it (generate, backend), its calls timed."""
+        return SimpleNamespace(generate=partial(self.generate, runtime), backend=runtime.backend)
 
-    def generate(self, decoder, prompts, dcfg, rows=None):
+    def generate(self, runtime, prompts, rows=None, config=None):
         last: dict[int, float] = {}
 
         def tick(chunk: dict) -> None:
@@ -88,7 +88,7 @@ class ChunkClock:
                 if chunk["index"] in last:
                     self.gaps.append(now - last[chunk["index"]])
                 last[chunk["index"]] = now
-        results = decoder.generate(prompts, dcfg, rows, on_chunk=tick)
+        results = runtime.generate(prompts, rows, on_chunk=tick, config=config)
         self.ttft += [r.time_to_first_token_s for r in results if r.time_to_first_token_s is not None]
         return results
 
@@ -337,7 +337,6 @@ def run_bench(artifact: str, backends=("torch", "ort"), strategies=("vanilla", "
     from .evals.harness import run_eval
     from .profiles.memory import estimate_bytes
     from .runtime.api import Runtime, decode_config
-    from .runtime.loop import Decoder
 
     families = tuple(families or tasks.FAMILIES)
     unknown = [f for f in families if f not in tasks.FAMILIES]
@@ -370,7 +369,7 @@ def run_bench(artifact: str, backends=("torch", "ort"), strategies=("vanilla", "
             raise UserError(f"unknown backend {be!r} (expected some of torch, ort, cpp)")
     if not configs:
         raise UserError("nothing to measure: no strategy selected")
-    cap = ort_rt.decoder.max_beam_width
+    cap = ort_rt.max_beam_width
     too_wide = [c.beam_width for c in configs if c.beam_width > cap]
     if too_wide:
         raise UserError(f"beam width {max(too_wide)} is over this artifact's cap {cap} (export with a larger --max-beam-width)")
@@ -407,7 +406,7 @@ def run_bench(artifact: str, backends=("torch", "ort"), strategies=("vanilla", "
             continue
         rt = quantized[c.precision] if c.precision != "fp32" else runtimes[c.backend]
         timed = TimedBackend(rt.backend)
-        dec = Decoder(timed, rt.tokenizer, rt.config, max_beam_width=rt.decoder.max_beam_width)
+        dec = Runtime(timed, rt.tokenizer, rt.config, max_beam_width=rt.max_beam_width)
         t0 = time.perf_counter()
         res = run_eval(clocks[c].around(dec), decode_config(**c.decode_kwargs(gen_length)), families=families, n=n,
                        batch_size=batch_size, row=c.row)
@@ -430,7 +429,7 @@ def run_bench(artifact: str, backends=("torch", "ort"), strategies=("vanilla", "
         one = next(x["ms"] for x in cost[key] if x["beam_width"] == 1)
         # modelled: every forward costs a one-branch forward (no-cache forwards carry the whole sequence)
         modelled = None if c.cache == "none" else med["tokens"] / (med["forwards"] * one / 1000)
-        est = estimate_bytes(cfg.to_dict(), c.precision, batch_size, w, L, cfg.max_seq)
+        est = estimate_bytes(ort_rt.memory_facts(), c.precision, batch_size, w, L, cfg.max_seq)
         runs.append({"label": c.label, **asdict(c), "beam_width_used": w, **med, **clocks[c].percentiles(),
                      "tokens_per_s_min": min(s["tokens_per_s"] for s in ss),
                      "tokens_per_s_max": max(s["tokens_per_s"] for s in ss), "repeats": len(ss),

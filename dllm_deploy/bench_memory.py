@@ -71,7 +71,7 @@ def _measure_here(artifact: str, beam_width: int, prefix_len: int, block_length:
         be.verify(cache, ids, pos, mask)
     peak = _status()["VmHWM"]
     return {"baseline_bytes": base, "loaded_bytes": loaded - base, "prefill_peak_bytes": after_prefill - base,
-            "peak_bytes": peak - base, "model": m["model"]}
+            "peak_bytes": peak - base, "model": {**m["model"], "kv_shapes": m["kv_shapes"]}}
 
 
 def measure_peak_bytes(artifact: str | Path, beam_width: int = 1, prefix_len: int = 64, block_length: int | None = None,

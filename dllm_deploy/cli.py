@@ -88,8 +88,8 @@ def cmd_generate(a) -> int:
                         "(each chunk line names its row)")
     rt = _runtime(a)
     dcfg = rt.decode_config(**_decode_kwargs(a))
-    results = rt.decoder.generate(prompts, dcfg, [row_options(**_decode_kwargs(a))] * len(prompts),
-                                  on_chunk=_print_chunk(a.json) if a.stream else None)
+    results = rt.generate(prompts, [row_options(**_decode_kwargs(a))] * len(prompts), config=dcfg,
+                          on_chunk=_print_chunk(a.json) if a.stream else None)
     if a.json:
         payload = results[0].to_dict() if len(results) == 1 else {"results": [r.to_dict() for r in results]}
         print(json.dumps(payload))
@@ -116,7 +116,7 @@ def cmd_eval(a) -> int:
     rt = _runtime(a)
     dcfg = rt.decode_config(**_decode_kwargs(a))
     bar = _progress(len(families) * a.n, f"eval {dcfg.strategy}", not a.json and sys.stderr.isatty())
-    res = run_eval(rt.decoder, dcfg, families=families, n=a.n, batch_size=a.batch_size, progress=bar,
+    res = run_eval(rt, dcfg, families=families, n=a.n, batch_size=a.batch_size, progress=bar,
                    row=row_options(**_decode_kwargs(a)), split=a.split)
     if "text" in wanted:
         from .evals.harness import masked_nll
@@ -456,7 +456,7 @@ def _serve_limits(a, rt):
     defaults, cfg = _serve_defaults(a, rt)
     canvas = -(-cfg.gen_length // cfg.block_length) * cfg.block_length
     return defaults, Limits(max_prompt_tokens=a.max_prompt_tokens or rt.config.max_seq - canvas,
-                            max_tokens=cfg.gen_length, max_beam_width=rt.decoder.max_beam_width or cfg.beam_width,
+                            max_tokens=cfg.gen_length, max_beam_width=rt.max_beam_width or cfg.beam_width,
                             max_queue=a.max_queue)
 
 

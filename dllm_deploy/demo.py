@@ -35,11 +35,11 @@ def run_demo(json_out: bool = False, out_dir: str = "build/demo", n_per_family: 
     say("[2/3] pick the device profile and load the artifact with ONNX Runtime")
     rt = Runtime.load(artifact=str(art), profile="auto")
     say(f"      profile {rt.profile.name}: {'; '.join(rt.profile_reasons)}")
-    say(f"      providers: {', '.join(rt.backend.providers)}; beam width cap {rt.decoder.max_beam_width}")
+    say(f"      providers: {', '.join(rt.backend.providers)}; beam width cap {rt.max_beam_width}")
     say(f"[3/3] decode {n_per_family} held-out prompts per family with each strategy")
     rows = []
     for label, kw in STRATEGIES:
-        res = run_eval(rt.decoder, decode_config(**kw), families=tasks.FAMILIES, n=n_per_family)
+        res = run_eval(rt, decode_config(**kw), families=tasks.FAMILIES, n=n_per_family)
         o = res["overall"]
         rows.append({"strategy": label, **{k: o[k] for k in ("accuracy", "tpf", "forwards", "tokens", "tokens_per_s")}})
         say(f"      {label:<22} acc {o['accuracy']:.3f}  TPF {o['tpf']:5.2f}  forwards {o['forwards']:5d}  {o['tokens_per_s']:7.1f} tok/s")

@@ -182,7 +182,7 @@ void read_kv_shapes(const Reader& r, const Json& m, Manifest& out) {
   for (const Json& s : kv) {
     if (!s.is_array() || s.size() != 2 || !is_int(s[0]) || !is_int(s[1]) || s[0].get<int>() < 1 || s[1].get<int>() < 1)
       r.corrupt("'kv_shapes' is not a list of [kv heads, head dim] per layer");
-    out.kv_shapes.emplace_back(s[0].get<int>(), s[1].get<int>());
+    out.model.kv_shapes.emplace_back(s[0].get<int>(), s[1].get<int>());
   }
 }
 

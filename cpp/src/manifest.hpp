@@ -29,6 +29,7 @@ struct ModelConfig {
   int eos_token_id = 0;
   int pad_token_id = 0;
   int max_seq = 0;             // longest prompt + generation (tokens)
+  std::vector<std::pair<int, int>> kv_shapes;  // (Hkv, D) per layer (the manifest's kv_shapes)
 };
 
 // What the model's family can do (models/capabilities.py): asked instead of its name.
@@ -56,7 +57,6 @@ struct Manifest {
   int schema_version = kSchemaVersion;
   std::string family;        // the model family (models/registry.py), for messages only
   Capabilities caps;
-  std::vector<std::pair<int, int>> kv_shapes;  // (Hkv, D) per layer
   std::string folder;
   std::string precision;
   ModelConfig model;

@@ -3,10 +3,12 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <fstream>
 #include <limits>
 #include <sstream>
+#include <vector>
 
 namespace dllm::detail {
 
@@ -34,11 +36,11 @@ int64_t weight_bytes(const std::string& precision) { return precision == "fp16" 
 int64_t act_bytes(const std::string& precision) { return precision == "fp16" || precision == "bf16" ? 2 : 4; }
 
 int64_t param_count(const ModelConfig& m) {
-  const int64_t c = m.hidden_size, f = m.intermediate_size, v = m.vocab_size, h = m.num_heads,
-                hkv = m.num_kv_heads, d = m.head_dim;
-  const int64_t per_layer =
-      add(add(add(mul({c, h, d}), mul({2, c, hkv, d})), add(mul({h, d, c}), mul({3, c, f}))), mul(2, c));
-  return add(add(mul(m.num_layers, per_layer), mul({v, c, m.tie_word_embeddings ? 1 : 2})), c);
+  const int64_t c = m.hidden_size, f = m.intermediate_size, v = m.vocab_size, h = m.num_heads;
+  int64_t layers = 0;
+  for (const auto& [hkv, d] : m.kv_shapes)  // each layer's Hkv and D
+    layers = add(layers, add(add(add(mul({c, h, d}), mul({2, c, hkv, d})), add(mul({h, d, c}), mul({3, c, f}))), mul(2, c)));
+  return add(add(layers, mul({v, c, m.tie_word_embeddings ? 1 : 2})), c);
 }
 
 // tok(S): live activation bytes per new token attending `keys` keys (memory.py::_per_token).
@@ -74,10 +76,13 @@ static int64_t weights_once(const ModelConfig& m, const std::string& precision) 
   if (precision != "int4" && precision != "int8") return mul(param_count(m), weight_bytes(precision));
   constexpr int64_t kBlock = 32;
   const bool int8 = precision == "int8";
-  const int64_t c = m.hidden_size, f = m.intermediate_size, h = m.num_heads, hkv = m.num_kv_heads, d = m.head_dim;
-  const int64_t shapes[][4] = {  // K, N, how many, int8 keeps it fp32 (memory.py::matmul_weight_shapes)
-      {c, h * d, m.num_layers, 0}, {c, hkv * d, 2 * m.num_layers, 0}, {h * d, c, m.num_layers, 0},
-      {c, f, 2 * m.num_layers, 0}, {f, c, m.num_layers, 1}, {c, m.vocab_size, 1, 0}};
+  const int64_t c = m.hidden_size, f = m.intermediate_size, h = m.num_heads;
+  std::vector<std::array<int64_t, 4>> shapes;  // K, N, how many, int8 keeps it fp32 (memory.py::matmul_weight_shapes)
+  for (const auto& [hkv, d] : m.kv_shapes)
+    for (const auto& s : {std::array<int64_t, 4>{c, h * d, 1, 0}, {c, int64_t{hkv} * d, 2, 0}, {h * d, c, 1, 0},
+                          {c, f, 2, 0}, {f, c, 1, 1}})
+      shapes.push_back(s);
+  shapes.push_back({c, m.vocab_size, 1, 0});
   int64_t quant = 0, matmul_params = 0;
   for (const auto& s : shapes) {
     if (int8 && s[3]) continue;  // counted with the fp32 parameters
@@ -92,7 +97,8 @@ int64_t estimate_bytes(const ModelConfig& m, const std::string& precision, int b
                        int64_t max_seq) {
   const int64_t a = act_bytes(precision);
   const int64_t p = std::max<int64_t>(max_seq - block_length, 0), t = max_seq, n = mul(beam_width, block_length);
-  const int64_t kv_tok = mul({2, m.num_layers, m.num_kv_heads, m.head_dim, a});
+  int64_t kv_tok = 0;  // KV bytes per token, every layer's own Hkv and D
+  for (const auto& [hkv, d] : m.kv_shapes) kv_tok = add(kv_tok, mul({2, hkv, d, a}));
   const int64_t weights = mul(2, weights_once(m, precision));  // RESIDENCY["ort"]: weights 2, prefill 1, verify 2
   const int64_t kv = mul(p, kv_tok);
   const int64_t prefill = mul(t, add(add(per_token(m, t, a), mul(m.vocab_size, 4)), kv_tok));

@@ -175,7 +175,7 @@ void check_io(Ort::Session& s, const std::string& graph, const GraphIO& io, bool
     }
     if (feed == Feed::kPast) {  // past (batch, Hkv, P, D): the buffers are sized from the manifest's kv_shapes
       const std::vector<int64_t> shape = s.GetInputTypeInfo(i).GetTensorTypeAndShapeInfo().GetShape();
-      const auto [hkv, d] = m.kv_shapes[past_seen++ / 2];
+      const auto [hkv, d] = m.model.kv_shapes[past_seen++ / 2];
       if (shape.size() != 4 || differs(shape[1], hkv) || differs(shape[3], d))
         bad("shape of " + io.inputs[i] + " vs its layer's kv_shapes");
     }
@@ -199,7 +199,7 @@ OrtBackend::OrtBackend(const Manifest& m, int intra_op_threads) : impl_(new Impl
   ensure_onnxruntime_api();
   Impl& s = *impl_;
   s.k = m.topk;
-  for (const auto& [hkv, d] : m.kv_shapes)
+  for (const auto& [hkv, d] : m.model.kv_shapes)
     for (int kind = 0; kind < 2; ++kind) s.hkv.push_back(hkv), s.d.push_back(d);
   for (const auto& n : m.prefill.inputs) s.feeds.push_back(feed_of(n));
   if (m.verify.inputs != m.prefill.inputs)

@@ -12,9 +12,9 @@ import numpy as np
 from . import tasks
 
 
-def run_eval(decoder, dcfg, families=tasks.FAMILIES, n: int = tasks.EVAL_PER_FAMILY, batch_size: int = 8,
+def run_eval(runtime, dcfg, families=tasks.FAMILIES, n: int = tasks.EVAL_PER_FAMILY, batch_size: int = 8,
              progress=None, row=None, split: str = "core") -> dict:
-    """``row``: the RowOptions (sampling) of every prompt (None: greedy); ``split``: ``core`` (in
+    """``runtime``: a Runtime (``generate``, ``backend``); ``row``: the RowOptions (sampling) of every prompt (None: greedy); ``split``: ``core`` (in
     distribution) or ``general`` (held-out words and lengths), see ``tasks.eval_split``."""
     examples = tasks.eval_split(families=tuple(families), n=n, split=split)
     per: dict[str, dict] = {f: {"correct": 0, "n": 0, "forwards": 0, "tokens": 0, "wall_s": 0.0, "hist": {}}
@@ -24,7 +24,7 @@ def run_eval(decoder, dcfg, families=tasks.FAMILIES, n: int = tasks.EVAL_PER_FAM
     for i in range(0, len(examples), batch_size):
         chunk = examples[i:i + batch_size]
         t1 = time.perf_counter()
-        results = decoder.generate([e.prompt for e in chunk], dcfg, None if row is None else [row] * len(chunk))
+        results = runtime.generate([e.prompt for e in chunk], None if row is None else [row] * len(chunk), config=dcfg)
         dt = time.perf_counter() - t1
         for e, r in zip(chunk, results):
             s = per[e.family]
@@ -55,7 +55,7 @@ def run_eval(decoder, dcfg, families=tasks.FAMILIES, n: int = tasks.EVAL_PER_FAM
                 "forwards": fw, "tokens": tk, "tokens_per_s": tk / ws if ws > 0 else 0.0,
                 "accepted_hist": {str(k): v for k, v in sorted(hist.items())}}
 
-    return {"strategy": dcfg.strategy, "backend": decoder.backend.name, "split": split,
+    return {"strategy": dcfg.strategy, "backend": runtime.backend.name, "split": split,
             "decode": {k: v for k, v in dcfg.__dict__.items() if k != "schedule"},
             "overall": summary(list(per.values())),
             "tasks": {f: summary([per[f]]) for f in families},

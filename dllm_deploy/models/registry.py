@@ -83,14 +83,6 @@ def uniform_kv(cfg) -> list[tuple[int, int]]:
     return [(cfg.num_kv_heads, cfg.head_dim)] * cfg.num_layers
 
 
-def dense_products(cfg) -> dict[str, tuple[int, int]]:
-    """(in, out) of each weight product of one layer (the memory model and int8 smoothing read it):
-    q/k/v/o and the SwiGLU's gate/up/down."""
-    c, h, hkv, d, f = cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.intermediate_size
-    return {"q": (c, h * d), "k": (c, hkv * d), "v": (c, hkv * d), "o": (h * d, c),
-            "gate": (c, f), "up": (c, f), "down": (f, c)}
-
-
 @dataclass(frozen=True)
 class Family:
     name: str                                   # recorded in the config and manifest ("family")
@@ -101,7 +93,6 @@ class Family:
     architectures: tuple = ()                   # config.json "architectures" entries it accepts
     module: str | Callable = "dllm_deploy.models.transformer:DLLM"   # DLLMConfig -> nn.Module ("pkg.mod:Class": lazy)
     kv_shapes: Callable = uniform_kv            # DLLMConfig -> [(Hkv, D)] per layer
-    products: Callable = dense_products         # DLLMConfig -> {name: (in, out)} per layer
     about: str = ""                             # one line for `families` listings and errors
 
     def build(self, cfg):

@@ -16,8 +16,8 @@ Terms (bytes)
                 int8 (the exporter's default): every MatMul weight (K, N) as K * N bytes + a 4-byte
                 scale and a 1-byte zero point per output channel, but the down-projections
                 (INT8_FP32_DEFAULT), which stay fp32 like the other parameters
-    kv        = B * P * 2 * layers * Hkv * D * a                          the prefix cache
-    prefill   = copies_p * B * T * (tok(T) + V * 4 + 2 * layers * Hkv * D * a)
+    kv        = B * P * sum over layers of 2 * Hkv * D * a              the prefix cache (each layer's Hkv, D)
+    prefill   = copies_p * B * T * (tok(T) + V * 4 + sum over layers of 2 * Hkv * D * a)
                                                                            + the logits it returns
                                                                            + the present KV it returns
     verify    = copies_v * B * N * tok(P + N)
@@ -55,19 +55,24 @@ RESIDENCY = {
 }
 
 
+def kv_shapes(cfg: dict) -> list[tuple[int, int]]:
+    """(Hkv, D) per layer: the artifact's ``kv_shapes`` when ``cfg`` carries them (layers may
+    differ), else the config's Hkv and D for every layer."""
+    shapes = cfg.get("kv_shapes") or [(cfg["num_kv_heads"], cfg["head_dim"])] * cfg["num_layers"]
+    return [(int(hkv), int(d)) for hkv, d in shapes]
+
+
 def param_count(cfg: dict) -> int:
-    c, f, v, nl = cfg["hidden_size"], cfg["intermediate_size"], cfg["vocab_size"], cfg["num_layers"]
-    h, hkv, d = cfg["num_heads"], cfg["num_kv_heads"], cfg["head_dim"]
-    per_layer = c * h * d + 2 * c * hkv * d + h * d * c + 3 * c * f + 2 * c
-    return nl * per_layer + v * c * (1 if cfg.get("tie_word_embeddings") else 2) + c
+    c, f, v, h = cfg["hidden_size"], cfg["intermediate_size"], cfg["vocab_size"], cfg["num_heads"]
+    layers = sum(c * h * d + 2 * c * hkv * d + h * d * c + 3 * c * f + 2 * c for hkv, d in kv_shapes(cfg))
+    return layers + v * c * (1 if cfg.get("tie_word_embeddings") else 2) + c
 
 
 def matmul_weight_shapes(cfg: dict) -> list[tuple[int, int]]:
     """(K, N) of every MatMul weight of the graphs: per layer q, k, v, o, gate, up, down, then the LM head."""
-    c, f, v = cfg["hidden_size"], cfg["intermediate_size"], cfg["vocab_size"]
-    h, hkv, d = cfg["num_heads"], cfg["num_kv_heads"], cfg["head_dim"]
-    layer = [(c, h * d), (c, hkv * d), (c, hkv * d), (h * d, c), (c, f), (c, f), (f, c)]
-    return layer * cfg["num_layers"] + [(c, v)]
+    c, f, v, h = cfg["hidden_size"], cfg["intermediate_size"], cfg["vocab_size"], cfg["num_heads"]
+    return [s for hkv, d in kv_shapes(cfg)
+            for s in [(c, h * d), (c, hkv * d), (c, hkv * d), (h * d, c), (c, f), (c, f), (f, c)]] + [(c, v)]
 
 
 def weight_bytes(cfg: dict, precision: str = "fp32", block_size: int = INT4_BLOCK, symmetric: bool = True) -> int:
@@ -97,7 +102,7 @@ def _per_token(cfg: dict, keys: int, a: int) -> int:
 
 
 def kv_bytes_per_token(cfg: dict, precision: str = "fp32") -> int:
-    return 2 * cfg["num_layers"] * cfg["num_kv_heads"] * cfg["head_dim"] * _act_bytes(precision)
+    return sum(2 * hkv * d for hkv, d in kv_shapes(cfg)) * _act_bytes(precision)
 
 
 def estimate_bytes(cfg: dict, precision: str = "fp32", batch: int = 1, beam_width: int = 1, block_length: int = 32,

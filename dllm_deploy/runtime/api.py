@@ -90,7 +90,7 @@ class Runtime:
                                            threads_default=prof.ort.get("intra_op_threads") or None,
                                            max_beam_width=prof.decode.get("max_beam_width"))
             free, _ = free_bytes_for(prof, facts, on_gpu=rt.backend.providers[0] != "CPUExecutionProvider")
-            mem_cap = beam_width_cap(rt.config.to_dict(), free, fraction=prof.memory.get("fraction", 0.5),
+            mem_cap = beam_width_cap(rt.memory_facts(), free, fraction=prof.memory.get("fraction", 0.5),
                                      reserve_mb=prof.memory.get("reserve_mb", 512), precision=precision,
                                      block_length=rt.config.block_size, max_seq=rt.config.max_seq,
                                      limit=rt.decoder.max_beam_width)
@@ -108,6 +108,12 @@ class Runtime:
         from .backends.torch_backend import TorchBackend
         be = TorchBackend.load(model or "tiny", device=device)
         return cls(be, load_tokenizer(resolve_model_dir(model or "tiny"), be.config.eos_token_id), be.config)
+
+    def memory_facts(self) -> dict:
+        """The model as the memory model (profiles/memory.py) reads it: the config and each layer's
+        KV shape (an artifact's kv_shapes; the torch backend's module)."""
+        shapes = getattr(self.backend, "kv_shapes", None)
+        return {**self.config.to_dict(), **({"kv_shapes": [list(s) for s in shapes]} if shapes else {})}
 
     def decode_defaults(self) -> dict:
         """The profile's decode defaults that apply to this runtime (empty for the torch backend): the
@@ -127,21 +133,40 @@ class Runtime:
             del merged["cache"]
         return decode_config(**merged)
 
-    def _call(self, prompts: str | list[str], rows, decode: dict) -> tuple[list[str], DecodeConfig, list[RowOptions]]:
+    @property
+    def max_beam_width(self) -> int | None:
+        """The largest W a call may run (the artifact's, the profile's and the free-memory cap)."""
+        return self.decoder.max_beam_width
+
+    def check_rows(self, rows: list[RowOptions]) -> None:
+        """The checks ``generate`` runs on per-row options (sampling within the graphs' pool), alone:
+        a server refuses a request with them before it joins a batch."""
+        self.decoder.check_sampling(rows)
+
+    def _call(self, prompts: str | list[str], rows, decode: dict,
+              config: DecodeConfig | None = None) -> tuple[list[str], DecodeConfig, list[RowOptions]]:
         """The prompts as a list, the call's DecodeConfig and one RowOptions per prompt (``rows``, or
         the decode keywords' for every row). Given ``rows`` and no gen_length, the canvas fits the
-        largest row budget when every row has one."""
+        largest row budget when every row has one. ``config``: a DecodeConfig resolved already
+        (``decode_config``), instead of decode keywords."""
         if isinstance(prompts, str):
             prompts = [prompts]
+        if config is not None:
+            if decode:
+                raise UserError(f"give decode options as keywords or as config=, not both ({', '.join(sorted(decode))})")
+            return list(prompts), config, rows if rows is not None else [RowOptions()] * len(prompts)
         if rows and decode.get("gen_length") is None and all(r.max_tokens for r in rows):
             decode = {**decode, "gen_length": max(r.max_tokens for r in rows)}
         dcfg = self.decode_config(**decode)
         return list(prompts), dcfg, rows if rows is not None else [row_options(**decode)] * len(prompts)
 
-    def generate(self, prompts: str | list[str], rows: list[RowOptions] | None = None, **decode) -> list[RowResult]:
+    def generate(self, prompts: str | list[str], rows: list[RowOptions] | None = None, on_chunk=None,
+                 config: DecodeConfig | None = None, **decode) -> list[RowResult]:
         """One RowResult per prompt: the stream collected. ``rows``: one RowOptions per prompt (a
-        server's per-request sampling and stopping), replacing the per-row values of the decode keywords."""
-        return self.decoder.generate(*self._call(prompts, rows, decode))
+        server's per-request sampling and stopping), replacing the per-row values of the decode
+        keywords; ``on_chunk``: called with every chunk as it comes (docs/streaming.md);
+        ``config``: a resolved DecodeConfig instead of decode keywords."""
+        return self.decoder.generate(*self._call(prompts, rows, decode, config), on_chunk=on_chunk)
 
     def stream(self, prompts: str | list[str], rows: list[RowOptions] | None = None, join=None,
                **decode) -> Iterator[dict]:

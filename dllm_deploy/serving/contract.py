@@ -141,7 +141,7 @@ def check_with_runtime(runtime, request: Request) -> None:
     joins a batch: a refusal inside a batch would fail its other rows too."""
     try:
         runtime.decode_config(**request.decode)
-        runtime.decoder.check_sampling([request.row])
+        runtime.check_rows([request.row])
     except UserError as e:
         raise BadRequest(str(e)) from None
 

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from dllm_deploy.artifact import SAMPLING_INPUTS
 from dllm_deploy.models.config import DLLMConfig
 from dllm_deploy.profiles import get_profile
 from dllm_deploy.profiles.memory import beam_width_cap, estimate_bytes
@@ -22,6 +23,10 @@ MODELS = {
                         num_kv_heads=8, head_dim=128, max_seq=8192, block_size=64, tie_word_embeddings=True),
     "1b-long": dict(vocab_size=50000, hidden_size=2048, intermediate_size=5632, num_layers=22, num_heads=16,
                     num_kv_heads=4, head_dim=128, max_seq=32768, block_size=16),
+    # layers that differ in Hkv and D (the artifact's kv_shapes): every other layer multi-query
+    "3b-mixed-kv": dict(vocab_size=64000, hidden_size=3072, intermediate_size=8192, num_layers=24, num_heads=24,
+                        num_kv_heads=8, head_dim=128, max_seq=8192, block_size=32,
+                        kv_shapes=[[8, 128] if i % 2 == 0 else [1, 256] for i in range(24)]),
 }
 FREE = [1 * GIB, 6 * GIB, 24 * GIB, 80 * GIB, 1024 * GIB]
 
@@ -30,11 +35,14 @@ def _artifact(tiny: Path, root: Path, name: str, dims: dict) -> Path:
     """A manifest-only folder: the tiny artifact's manifest with other model dims (the graph name
     lists follow num_layers); read with verify off, as the check binary does."""
     m = json.loads((tiny / "manifest.json").read_text())
-    m["model"].update(dims)
-    past = [f"past_key_values.{i}.{kv}" for i in range(m["model"]["num_layers"]) for kv in ("key", "value")]
-    present = [f"present.{i}.{kv}" for i in range(m["model"]["num_layers"]) for kv in ("key", "value")]
+    dims = dict(dims)
+    m["model"].update({k: v for k, v in dims.items() if k != "kv_shapes"})
+    layers = m["model"]["num_layers"]
+    m["kv_shapes"] = dims.get("kv_shapes") or [[m["model"]["num_kv_heads"], m["model"]["head_dim"]]] * layers
+    past = [f"past_key_values.{i}.{kv}" for i in range(layers) for kv in ("key", "value")]
+    present = [f"present.{i}.{kv}" for i in range(layers) for kv in ("key", "value")]
     m["graphs"]["prefill"]["inputs"] = m["graphs"]["verify"]["inputs"] = ["input_ids", "position_ids",
-                                                                          "attention_mask", *past]
+                                                                          "attention_mask", *past, *SAMPLING_INPUTS]
     m["graphs"]["prefill"]["outputs"] = ["logits", "top_ids", "top_probs", *present]
     d = root / name
     d.mkdir()
@@ -55,7 +63,8 @@ def test_cap_matches_python(cpp_build, tiny_artifact, tmp_path, precision):
     caps = set()
     for name, dims in MODELS.items():
         folder = _artifact(tiny, tmp_path, name, dims)
-        cfg = DLLMConfig.from_dict(json.loads((folder / "manifest.json").read_text())["model"]).to_dict()
+        m = json.loads((folder / "manifest.json").read_text())
+        cfg = {**DLLMConfig.from_dict(m["model"]).to_dict(), "kv_shapes": m["kv_shapes"]}
         kw = dict(block_length=cfg["block_size"], max_seq=cfg["max_seq"])
         # free memory where the cap moves from W-1 to W under the (0.4, 512) budget, and a byte below
         edges = [int((estimate_bytes(cfg, precision, 1, w, **kw)["total"] + 512 * 2**20) / 0.4) + k

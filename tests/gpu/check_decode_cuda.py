@@ -43,7 +43,7 @@ def main() -> int:
     for label, kw in configs:
         torch.cuda.synchronize()
         t0 = time.perf_counter()
-        res = run_eval(gpu.decoder, decode_config(**{"strategy": "vanilla", **kw}), n=a.n)
+        res = run_eval(gpu, decode_config(**{"strategy": "vanilla", **kw}), n=a.n)
         wall = time.perf_counter() - t0
         o = res["overall"]
         rows.append({"config": label, "accuracy": o["accuracy"], "tpf": o["tpf"], "forwards": o["forwards"],

@@ -73,7 +73,7 @@ def main() -> int:
 
     trt_rt = Runtime.load(artifact=str(art), backend="trt", profile=prof.name)
     ort_rt = Runtime.load(artifact=str(art), profile=prof.name)
-    print(f"TensorRT backend: providers {trt_rt.backend.providers}, W cap {trt_rt.decoder.max_beam_width}; "
+    print(f"TensorRT backend: providers {trt_rt.backend.providers}, W cap {trt_rt.max_beam_width}; "
           f"ONNX Runtime providers {ort_rt.backend.providers}", flush=True)
     prompts = [e.prompt for e in tasks.eval_split(families=tasks.FAMILIES, n=a.n)]
     configs = [("vanilla", {"strategy": "vanilla"}, True),

@@ -16,6 +16,19 @@ def test_param_count_matches_the_module():
     assert param_count(TINY) == sum(p.numel() for p in DLLM(cfg).parameters())
 
 
+def test_param_count_and_kv_follow_each_layers_shape():
+    """The out-of-tree toy family (tests/plugins/toy_family.py): odd layers have one KV head; the
+    memory model reads the artifact's kv_shapes, so it counts the module's parameters and its cache."""
+    from dllm_deploy.models.config import DLLMConfig
+    from dllm_deploy.profiles.memory import kv_bytes_per_token
+    from tests.plugins import toy_family
+    cfg = DLLMConfig.from_hf(toy_family.CONFIG)
+    facts = {**cfg.to_dict(), "kv_shapes": [list(x) for x in toy_family.kv_shapes(cfg)]}
+    assert param_count(facts) == sum(p.numel() for p in toy_family.build(cfg).parameters())
+    assert param_count(facts) < param_count(cfg.to_dict())              # the uniform formula over-counts
+    assert kv_bytes_per_token(facts) == 2 * (2 + 1 + 2 + 1) * 16 * 4     # K and V, Hkv per layer, D, fp32
+
+
 def test_estimate_hand_computed():
     cfg = {"hidden_size": 8, "intermediate_size": 16, "vocab_size": 10, "num_layers": 1, "num_heads": 2,
            "num_kv_heads": 1, "head_dim": 4, "max_seq": 100}

@@ -187,3 +187,15 @@ def test_beam_width_cap_is_reported(tiny_runtime):
     with pytest.warns(UserWarning, match="beam width 8 lowered to 2"):
         r = capped.generate([_prompts(1)[0]], decode_config(strategy="spd", beam_width=8))[0]
     assert r.beam_width_used == 2 and r.beam_width_requested == 8
+
+
+def test_generate_takes_a_resolved_config_or_keywords_not_both(tiny_runtime):
+    """The one decode surface: the CLI, bench and eval pass a DecodeConfig they resolved once."""
+    from dllm_deploy import UserError
+    cfg = tiny_runtime.decode_config(strategy="threshold", gen_length=32)
+    chunks: list = []
+    a = tiny_runtime.generate("upper: ab\n", config=cfg, on_chunk=chunks.append)[0]
+    b = tiny_runtime.generate("upper: ab\n", strategy="threshold", gen_length=32)[0]
+    assert a.token_ids == b.token_ids and "".join(c["delta"] for c in chunks) == a.text and a.text
+    with pytest.raises(UserError, match="as keywords or as config=, not both"):
+        tiny_runtime.generate("upper: ab\n", config=cfg, strategy="vanilla")
