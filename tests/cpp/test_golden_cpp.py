@@ -2,12 +2,14 @@
 runtime/stream.py makes of a row's growing final ids (multi-byte characters, stop strings, EOS, the
 budget). The committed file must equal what Python makes now (regenerate after a deliberate
 change: DLLM_UPDATE_GOLDEN=1 pytest tests/cpp/test_golden_cpp.py, and review the diff); `ctest`
-then checks cpp/src/stream.cpp against it, and cpp/src/noise.cpp against tests/cpp/fixtures/noise.json
-(made by tests/runtime/test_noise.py)."""
+then checks cpp/src/stream.cpp against it, cpp/src/noise.cpp against tests/cpp/fixtures/noise.json
+(made by tests/runtime/test_noise.py) and cpp/src/policy.cpp against the policy traces of
+tests/cpp/fixtures/policy/ (made by tests/runtime/test_policy_fixtures.py)."""
 from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 
 from dllm_deploy.models.tokenizer import ByteTokenizer
@@ -104,5 +106,8 @@ def test_stream_fixture_is_stream_py():
 def test_ctest_checks_the_cpp_units_against_them(cpp_build):
     r = subprocess.run(["ctest", "--test-dir", str(cpp_build), "--output-on-failure"], capture_output=True, text=True)
     assert r.returncode == 0, r.stdout[-3000:]
-    for name in ("canvas_plans", "noise_vectors", "stream_chunks"):
+    for name in ("canvas_plans", "policy_traces", "noise_vectors", "stream_chunks"):
         assert f"{name} " in r.stdout and "Passed" in r.stdout
+    out = subprocess.run([str(cpp_build / "test_policy"), str(FIXTURES / "policy")], capture_output=True, text=True)
+    replayed = re.search(r"(\d+) policy traces, (\d+) steps replayed, 0 differ", out.stdout)
+    assert out.returncode == 0 and replayed and int(replayed[1]) >= 8 and int(replayed[2]) >= 100, out.stdout
