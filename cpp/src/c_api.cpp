@@ -1,4 +1,4 @@
-// The C ABI (dllm.h) over the engine: argument checks, and every exception turned into a
+// The C ABI (dllm.h) over the runtime: argument checks, and every exception turned into a
 // dllm_error object. Nothing throws across this file's functions.
 #include <cstring>
 #include <memory>
@@ -28,7 +28,7 @@ struct dllm_options {
 };
 
 struct dllm_runtime {
-  std::unique_ptr<dllm::detail::Engine> engine;
+  std::unique_ptr<dllm::detail::Runtime> runtime;
 };
 
 struct dllm_result {
@@ -107,7 +107,7 @@ dllm_error* generate_with(dllm_runtime* rt, const char* const* prompts, size_t n
       texts.emplace_back(prompts[i]);
     }
     std::vector<std::unique_ptr<dllm_result>> results;
-    for (dllm::detail::RowResult& row : rt->engine->generate(texts, d, sink)) {
+    for (dllm::detail::RowResult& row : rt->runtime->generate(texts, d, sink)) {
       results.push_back(std::make_unique<dllm_result>());
       results.back()->json = row.to_json();
       results.back()->row = std::move(row);
@@ -121,7 +121,7 @@ dllm_error* generate_with(dllm_runtime* rt, const char* prompt, const dllm::deta
   return generate_with(rt, &prompt, 1, d, out, sink);
 }
 
-// The options by name as the engine takes them: gen_length, when not set, is max_tokens.
+// The options by name as the runtime takes them: gen_length, when not set, is max_tokens.
 dllm::detail::DecodeOptions resolved(const dllm_options* opts) {
   if (!opts) return dllm::detail::DecodeOptions();
   dllm::detail::DecodeOptions d = opts->options;
@@ -201,7 +201,7 @@ dllm_error* dllm_runtime_create(const char* artifact_dir, const dllm_runtime_opt
         dllm::detail::user_error("dllm_runtime_options.struct_size is too small: fill it with dllm_runtime_options_init");
       o = *opts;
     }
-    dllm::detail::EngineOptions e;
+    dllm::detail::RuntimeOptions e;
     e.precision = or_default(o.precision, "fp32");
     e.intra_op_threads = o.intra_op_threads;
     e.max_beam_width = o.max_beam_width;
@@ -210,15 +210,15 @@ dllm_error* dllm_runtime_create(const char* artifact_dir, const dllm_runtime_opt
     if (e.intra_op_threads < 0) dllm::detail::user_error("intra_op_threads must be >= 0");
     if (e.max_beam_width < 0) dllm::detail::user_error("max_beam_width must be >= 0 (0: no user cap)");
     auto rt = std::make_unique<dllm_runtime>();
-    rt->engine = std::make_unique<dllm::detail::Engine>(artifact_dir, e);
+    rt->runtime = std::make_unique<dllm::detail::Runtime>(artifact_dir, e);
     *out = rt.release();
   });
 }
 
 void dllm_runtime_destroy(dllm_runtime* rt) { delete rt; }
 
-int32_t dllm_runtime_max_seq(const dllm_runtime* rt) { return rt ? rt->engine->max_seq() : 0; }
-int32_t dllm_runtime_max_beam_width(const dllm_runtime* rt) { return rt ? rt->engine->max_beam_width() : 0; }
+int32_t dllm_runtime_max_seq(const dllm_runtime* rt) { return rt ? rt->runtime->max_seq() : 0; }
+int32_t dllm_runtime_max_beam_width(const dllm_runtime* rt) { return rt ? rt->runtime->max_beam_width() : 0; }
 
 void dllm_decode_config_init(dllm_decode_config* c) {
   if (!c) return;

@@ -104,7 +104,7 @@ std::string RowResult::to_json() const {
   return o;
 }
 
-Engine::Engine(const std::string& artifact_dir, const EngineOptions& options)
+Runtime::Runtime(const std::string& artifact_dir, const RuntimeOptions& options)
     : manifest_(read_manifest(artifact_dir, options.precision, options.verify_hashes)), options_(options) {
   tokenizer_ = make_tokenizer(manifest_.folder, manifest_.tokenizer_kind, manifest_.tokenizer_file,
                               manifest_.tokenizer_config, manifest_.model.eos_token_id);
@@ -114,7 +114,7 @@ Engine::Engine(const std::string& artifact_dir, const EngineOptions& options)
 
 // The W cap (api.py::Runtime.load): the manifest's max_beam_width, the user's, then the
 // free-memory estimate of the built-in CPU profile, whichever is lowest.
-void Engine::set_beam_width_cap() {
+void Runtime::set_beam_width_cap() {
   cap_ = std::max(manifest_.max_beam_width, 1);
   cap_reason_ = "cap from the artifact's max_beam_width";
   if (options_.max_beam_width > 0 && options_.max_beam_width < cap_) {
@@ -131,11 +131,11 @@ void Engine::set_beam_width_cap() {
   }
 }
 
-RowResult Engine::generate(const std::string& prompt, const DecodeOptions& cfg, const ChunkSink& sink) {
+RowResult Runtime::generate(const std::string& prompt, const DecodeOptions& cfg, const ChunkSink& sink) {
   return std::move(generate(std::vector<std::string>{prompt}, cfg, sink).front());
 }
 
-std::vector<RowResult> Engine::generate(const std::vector<std::string>& prompts, const DecodeOptions& cfg_in,
+std::vector<RowResult> Runtime::generate(const std::vector<std::string>& prompts, const DecodeOptions& cfg_in,
                                         const ChunkSink& sink) {
   if (prompts.empty()) user_error("no prompt given");
   validate(cfg_in);
@@ -220,7 +220,7 @@ std::vector<RowResult> Engine::generate(const std::vector<std::string>& prompts,
 
 // The row's sampling parameters into the backend (greedy: 0, 0, 1); top_k is at most the
 // artifact's sampling pool.
-void Engine::set_sampling(const DecodeOptions& cfg) {
+void Runtime::set_sampling(const DecodeOptions& cfg) {
   sampling_ = cfg.temperature > 0;
   if (cfg.top_k > manifest_.sample_pool)
     user_error("top k " + std::to_string(cfg.top_k) + " is over the " + std::to_string(manifest_.sample_pool) +
@@ -232,7 +232,7 @@ void Engine::set_sampling(const DecodeOptions& cfg) {
 // The decode loop (loop.py::_Run.decode): the first block, then each block decoded until every
 // live row's block is full or ends, the rows' tokens kept, the finished rows dropped and the
 // next block started (commit or refresh) for the others.
-void Engine::run(const std::vector<std::vector<int64_t>>& prompts, const DecodeOptions& cfg, Policy& policy,
+void Runtime::run(const std::vector<std::vector<int64_t>>& prompts, const DecodeOptions& cfg, Policy& policy,
                  int n_blocks, CacheMode mode, std::vector<RowResult>& out) {
   const ModelConfig& mc = manifest_.model;
   mode_ = mode, L_ = static_cast<size_t>(cfg.block_length), n_blocks_ = static_cast<size_t>(n_blocks);
@@ -260,7 +260,7 @@ void Engine::run(const std::vector<std::vector<int64_t>>& prompts, const DecodeO
 // The report after a forward (docs/streaming.md; loop.py::_Run.report): each live row's final ids
 // (its finished blocks, then its block's committed left-to-right prefix) into its stream, a chunk
 // to the sink when one is due; a row whose stream finished stops. True when the sink cancelled.
-bool Engine::report(std::vector<RowResult>& out) {
+bool Runtime::report(std::vector<RowResult>& out) {
   for (size_t r = 0; r < B(); ++r) {
     const size_t row = rows_[r];
     if (streams_[row].finished()) continue;  // its ids stay as they were: no chunk is due
@@ -282,7 +282,7 @@ bool Engine::report(std::vector<RowResult>& out) {
 // front of the new tokens, nothing is cached). Bidirectional: the canvas N per refresh (none: per
 // step), prefix-mode branches W*(L+S) with S up to (n_blocks-1)*L, dual ones W*L, over a cache of
 // at most N-L (the prefix, dual: and the suffix); an anchor adds one token per branch.
-void Engine::size_buffers(const std::vector<std::vector<int64_t>>& prompts, size_t n_blocks, CacheMode mode,
+void Runtime::size_buffers(const std::vector<std::vector<int64_t>>& prompts, size_t n_blocks, CacheMode mode,
                           size_t W) {
   OrtBackend& be = *backend_;
   prefix_ = Prefix::of_prompts(prompts, manifest_.model.pad_token_id);
@@ -319,7 +319,7 @@ void Engine::size_buffers(const std::vector<std::vector<int64_t>>& prompts, size
 
 // The first block's states, all masks, and f of them (loop.py::_Run.first_block): the prompts are
 // prefilled here, fused with the block (block-causal) or as the canvas's prefix (bidirectional).
-void Engine::first_block() {
+void Runtime::first_block() {
   std::fill(state_.begin(), state_.end(), mask_id_);
   const Plan plan = bidi_ ? refresh(prefix_, state_.data(), L_, suffix_len(0), mask_id_, mode_, anchor_)
                           : detail::first_block(prefix_, state_.data(), L_, exact_at_boundary(mode_));
@@ -331,7 +331,7 @@ void Engine::first_block() {
 // verification allows. A row that waits (its block done, or the row stopped) still rides in the
 // forward, as in Python, but its results are ignored and it is not charged. Each forward's report
 // follows the base rule's next step (node 0, which every selection reaches).
-void Engine::decode_block(size_t k, Policy& policy, std::vector<RowResult>& out) {
+void Runtime::decode_block(size_t k, Policy& policy, std::vector<RowResult>& out) {
   const size_t L = L_, K = K_, W = W_, b = B();
   const int k_int = static_cast<int>(K);
   std::fill_n(step_.begin(), b, 0);
@@ -375,7 +375,7 @@ void Engine::decode_block(size_t k, Policy& policy, std::vector<RowResult>& out)
 // Each row's block k joins its tokens (up to its EOS) (loop.py::_Run.finish_block); the rows that
 // go on (no EOS, not stopped, blocks left) stay, the others leave the batch with their cache rows
 // (PrefixState.keep). True when some row goes on.
-bool Engine::finish_block(size_t k) {
+bool Runtime::finish_block(size_t k) {
   std::vector<size_t> keep;
   for (size_t r = 0; r < B(); ++r) {
     const int64_t* block = state_.data() + r * L_;
@@ -398,14 +398,14 @@ bool Engine::finish_block(size_t k) {
 
 // The verify forward of block k's drafted states (nodes_, W per row): a tree over the cache
 // (block-causal) or W branches of the canvas (bidirectional).
-Plan Engine::verify_plan(size_t k) const {
+Plan Runtime::verify_plan(size_t k) const {
   if (bidi_) return canvas_verify(prefix_, nodes_.data(), W_, L_, suffix_len(k), mask_id_, mode_, anchor_);
   return tree_verify(prefix_, nodes_.data(), W_, L_, mode_);
 }
 
 // Mode delayed (loop.py::_Run._held_verify): f(node 0) over the prefix and the block's held keys;
 // the positions committed since the last call join the held keys.
-void Engine::held_verify_run(const int64_t* steps) {
+void Runtime::held_verify_run(const int64_t* steps) {
   const size_t b = B(), L = L_;
   for (size_t i = 0; i < b * L; ++i) fresh_[i] = nodes_[i] != mask_id_ && !cached_[i];  // W = 1: nodes_ is (B,L)
   const Plan plan = held_verify(prefix_, held_, held_len_, nodes_.data(), fresh_.data(), L, mask_id_,
@@ -422,7 +422,7 @@ void Engine::held_verify_run(const int64_t* steps) {
   held_.swap(held), held_len_ = e + f;
 }
 
-void Engine::drop_held() {
+void Runtime::drop_held() {
   if (!held_len_) return;
   backend_->truncate(backend_->cache_length() - held_len_);
   held_.clear(), held_len_ = 0;
@@ -431,7 +431,7 @@ void Engine::drop_held() {
 // Block k joins the prefix; the next block's states (all masks) and f of them (loop.py::
 // _Run.next_block): one fused forward commits the blocks' KV (block-causal), or one forward over
 // the canvas refreshes the cache (bidirectional).
-void Engine::next_block(size_t k) {
+void Runtime::next_block(size_t k) {
   const std::vector<int64_t> nxt(B() * L_, mask_id_);
   Plan plan;
   if (bidi_) {
@@ -448,7 +448,7 @@ void Engine::next_block(size_t k) {
 // One engine call (prefix.py::PrefixState.run): the plan's tokens, positions and mask into the
 // backend, a prefill (keep > 0) or a verify over the cache it names; top ids/probs (B,W,L,K) at
 // the plan's read columns into top_ids/top_probs.
-void Engine::run_plan(const Plan& plan, const int64_t* steps, int64_t* top_ids, float* top_probs) {
+void Runtime::run_plan(const Plan& plan, const int64_t* steps, int64_t* top_ids, float* top_probs) {
   OrtBackend& be = *backend_;
   if (plan.cache != PlanCache::kReuse) be.clear_cache();
   if (plan.rows != B() || plan.rows != be.rows() || plan.cached != be.cache_length())
@@ -475,7 +475,7 @@ void Engine::run_plan(const Plan& plan, const int64_t* steps, int64_t* top_ids, 
 // sample_u of one call (prefix.py::PrefixState.run): a read column serves its branch's step
 // (steps[r*W+w] in row r; a block-start forward: 0), a column not read back step 0; the uniform of a column is
 // that of its position id at its step. Greedy rows feed zeros (the graph takes the top-1).
-void Engine::fill_noise(const Plan& plan, const int64_t* steps) {
+void Runtime::fill_noise(const Plan& plan, const int64_t* steps) {
   float* u = backend_->sample_u();
   const size_t T = plan.tokens, n = plan.rows * T, W = plan.branches, G = plan.length;
   if (!sampling_) return std::fill(u, u + n, 0.0f);

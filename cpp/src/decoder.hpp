@@ -7,8 +7,8 @@
 //         S, f(S) = policy.select(nodes, f)  # as deep as verification allows
 //     next_block                         commit (block-causal) or refresh (bidirectional)
 // What each forward feeds is a canvas.hpp Plan (the builders of canvas.py); run_plan is the one
-// place an engine call is made. Every forward counts. Under sampling (temperature > 0, a schema-3
-// artifact) each forward also feeds every token's uniform: a pure function of (seed, request,
+// place an engine call is made. Every forward counts. Under sampling (temperature > 0)
+// each forward also feeds every token's uniform: a pure function of (seed, request,
 // position, base-rule step), so a drafted node sees the noise its base-rule step would.
 //
 // Rows move block by block in lockstep: a row whose block is full waits for the others (its
@@ -56,7 +56,7 @@ struct RowResult {
   std::string to_json() const;  // the keys of `dllm-deploy generate --json` + backend_s
 };
 
-struct EngineOptions {
+struct RuntimeOptions {
   std::string precision = "fp32";
   int intra_op_threads = 0;
   int max_beam_width = 0;  // user cap; 0 = none
@@ -72,12 +72,12 @@ CacheMode resolve_cache(const std::string& mode, const Capabilities& caps, int w
 // in the call); false cancels the generation.
 using ChunkSink = std::function<bool(size_t index, const Chunk&)>;
 
-class Engine {
+class Runtime {
  public:
-  Engine(const std::string& artifact_dir, const EngineOptions& options);
+  Runtime(const std::string& artifact_dir, const RuntimeOptions& options);
   // The row decoded under cfg's stop conditions (max_tokens, stop, EOS); sink (optional) gets the
   // chunks as they become final. A cancelled generation returns what was delivered, finish_reason
-  // "cancelled"; the engine stays usable.
+  // "cancelled"; the runtime stays usable.
   RowResult generate(const std::string& prompt, const DecodeOptions& cfg, const ChunkSink& sink = ChunkSink());
   // The prompts decoded together as one batch (every row under cfg): one result per prompt. A
   // cancel ends every row that has not finished ("cancelled").
@@ -108,7 +108,7 @@ class Engine {
   void set_sampling(const DecodeOptions& cfg);
 
   Manifest manifest_;
-  EngineOptions options_;
+  RuntimeOptions options_;
   int cap_;                   // min(manifest max_beam_width, user cap, free-memory estimate)
   std::string cap_reason_;    // what set cap_, for the warning
   std::string load_warning_;  // a warning of the load, until the first result carries it
