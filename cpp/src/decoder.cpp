@@ -184,9 +184,7 @@ std::vector<RowResult> Runtime::generate(const std::vector<std::string>& prompts
   set_sampling(cfg);
 
   std::vector<RowResult> out(prompts.size());
-  out.front().warnings.swap(load_warning_);  // the load's warning rides on the first result only
-  for (RowResult& r : out)
-    if (!lowered.empty()) r.warnings += (r.warnings.empty() ? "" : "; ") + lowered;
+  for (RowResult& r : out) r.warnings = lowered;
   const double backend0 = backend_->run_seconds;
   const auto t0 = std::chrono::steady_clock::now();
   streams_.assign(prompts.size(),

@@ -111,7 +111,6 @@ class Runtime {
   RuntimeOptions options_;
   int cap_;                   // min(manifest max_beam_width, user cap, free-memory estimate)
   std::string cap_reason_;    // what set cap_, for the warning
-  std::string load_warning_;  // a warning of the load, until the first result carries it
   std::unique_ptr<Tokenizer> tokenizer_;  // the manifest's
   std::unique_ptr<OrtBackend> backend_;
   // loop state, sized once per generate (grow-only)

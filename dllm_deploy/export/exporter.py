@@ -36,7 +36,7 @@ from ..models.exclusion import excluded_ids
 from ..models.registry import get_family
 from ..models.sampling import default_pool
 from ..profiles.memory import INT8_FP32_DEFAULT
-from .graphs import PrefillGraph, VerifyGraph, dynamic_axes, io_names
+from .graphs import GRAPHS, dynamic_axes, io_names
 from .smooth import DEFAULT_ALPHA, calibration_texts, input_ranges, smooth_
 
 PRECISIONS = ("fp32", "fp16", "int8", "int4")
@@ -159,7 +159,7 @@ def parity(folder: Path, files: dict, module, cfg, shapes, dtype, pool: int,
     names = io_names(cfg.num_layers)
     worst = {"prefill_logits": 0.0, "prefill_kv": 0.0, "verify_probs": 0.0}
     ids_equal = True
-    for g, wrap in (("prefill", PrefillGraph), ("verify", VerifyGraph)):
+    for g, wrap in GRAPHS.items():
         sess = ort.InferenceSession(str(folder / files[g]), so, providers=list(providers))
         graph = wrap(module, TOPK, pool)
         for i, (b, t, p) in enumerate(shapes):
@@ -270,6 +270,9 @@ def _write_artifact(tmp: Path, module, cfg, tok, src: Path, L: int, precisions: 
     names = io_names(cfg.num_layers)
     family = get_family(cfg.layout)
     caps = family.capabilities(cfg)
+    if set(caps.graphs) != set(GRAPHS):
+        raise UserError(f"family {family.name!r} has graphs of roles {', '.join(caps.graphs)}; this exporter builds "
+                        f"{', '.join(GRAPHS)}")
     files: dict[str, dict] = {}
     parity_report: dict[str, dict] = {}
     shapes = [(1, 24, 0), (2, L, 24), (1, 2 * L, 40), (1, max_beam_width * L, 48)]
@@ -288,9 +291,9 @@ def _write_artifact(tmp: Path, module, cfg, tok, src: Path, L: int, precisions: 
                 log(f"smooth int8 (alpha {quant['int8']['smooth']['alpha']}, {len(calibration)} calibration texts) ...")
                 smooth_(module, cfg, input_ranges(module, cfg, tok, calibration, L), quant["int8"]["smooth"]["alpha"])
                 _trace_graphs(module, cfg, L, dtype, opset, trace, pool)
-                graphs = _int8_variant({g: trace / g for g in ("prefill", "verify")}, sub, quant["int8"])
+                graphs = _int8_variant({g: trace / g for g in GRAPHS}, sub, quant["int8"])
             else:
-                graphs = _int8_variant({g: tmp for g in ("prefill", "verify")}, sub, quant["int8"])
+                graphs = _int8_variant({g: tmp for g in GRAPHS}, sub, quant["int8"])
         else:
             dtype = torch.float16 if prec == "fp16" else torch.float32
             # in place, and back to fp32 after it; a copy where int8's smoothing is still to come,
@@ -301,7 +304,7 @@ def _write_artifact(tmp: Path, module, cfg, tok, src: Path, L: int, precisions: 
         shutil.rmtree(trace, ignore_errors=True)
         for g, m in graphs.items():
             onnx.save(m, str(sub / f"{g}.onnx"))
-        files[prec] = {"prefill": f"{rel}prefill.onnx", "verify": f"{rel}verify.onnx", "weights": f"{rel}weights.bin"}
+        files[prec] = {**{g: f"{rel}{g}.onnx" for g in GRAPHS}, "weights": f"{rel}weights.bin"}
         log(f"parity {prec} ...")
         try:
             parity_report[prec] = parity(tmp, files[prec], mod, cfg, shapes, dtype, pool)
@@ -347,7 +350,7 @@ def _trace_graphs(module, cfg, L: int, dtype, opset: int, trace: Path, pool: int
     names, axes = io_names(cfg.num_layers), dynamic_axes(cfg.num_layers)
     ids, pos, mask, rest = _dummy(cfg, 1, L, 4, dtype)
     graphs, bases = {}, {}
-    for g, wrap in (("prefill", PrefillGraph), ("verify", VerifyGraph)):
+    for g, wrap in GRAPHS.items():
         bases[g] = trace / g
         bases[g].mkdir(parents=True)
         graphs[g] = _export_graph(wrap(module, TOPK, pool), (ids, pos, mask, *rest), names[g], axes, opset,
@@ -418,7 +421,7 @@ def _int4_variant(fp32_dir: Path, opts: dict) -> dict:
     graphs = {}
     with _quiet_root_logger():
         from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
-        for g in ("prefill", "verify"):
+        for g in GRAPHS:
             q = MatMulNBitsQuantizer(onnx.load(str(fp32_dir / f"{g}.onnx")), bits=4, block_size=opts["block_size"],
                                      is_symmetric=opts["symmetric"], op_types_to_quantize=tuple(opts["op_types"]))
             q.process()
@@ -459,7 +462,7 @@ def _int8_variant(fp32_dirs: dict, sub: Path, opts: dict) -> dict:
     import onnx
     from onnxruntime.quantization import QuantType, quantize_dynamic
     graphs = {}
-    for g in ("prefill", "verify"):
+    for g in GRAPHS:
         dst = sub / f"{g}.q.onnx"
         src = fp32_dirs[g] / f"{g}.onnx"
         kept = int8_kept(onnx.load(str(src), load_external_data=False).graph, opts["fp32_products"])

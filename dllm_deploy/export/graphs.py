@@ -78,3 +78,7 @@ def dynamic_axes(num_layers: int) -> dict:
             ax[f"past_key_values.{i}.{kind}"] = {0: "batch", 2: "past"}
             ax[f"present.{i}.{kind}"] = {0: "batch", 2: "kv_len"}
     return ax
+
+
+# role -> the wrapper that exports it (the dense masked families' roles, DESIGN §10)
+GRAPHS = {"prefill": PrefillGraph, "verify": VerifyGraph}
