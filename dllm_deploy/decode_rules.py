@@ -75,6 +75,8 @@ SELECTS = OPTIONS["select"].choices
 BASES = OPTIONS["base"].choices
 PRESETS = OPTIONS["tree"].choices      # spd tree shapes (runtime/tree.py builds them)
 CACHE_MODES = OPTIONS["cache"].choices
+# rules between two options (decode_options.json "rules"; generated into C++ too)
+RULES: list[dict] = json.loads(DECLARATION.read_text(encoding="utf-8"))["rules"]
 # why a cache mode is refused (models/capabilities.py::resolve_cache; generated into C++ too)
 CACHE_MESSAGES: dict[str, str] = json.loads(DECLARATION.read_text(encoding="utf-8"))["cache_messages"]
 
@@ -138,3 +140,15 @@ def problem(key: str, value) -> str | None:
     """What is wrong with ``value`` for decode option ``key`` (None: nothing, or not given)."""
     err = option_error(key, value)
     return None if err is None else str(err)
+
+
+def rule_error(values: dict) -> OptionError | None:
+    """The first declared rule between two options that ``values`` (option name -> value; a name
+    left out or None: unset) breaks, as an OptionError naming the option; None when all hold."""
+    for r in RULES:
+        x, y = values.get(r["option"]), values.get(r["than"])
+        if x is None or y is None:
+            continue
+        if not (x <= y if r["op"] == "<=" else x >= y):
+            return OptionError("bad_option", r["option"], r["message"].format(value=x, than=y), OPTIONS[r["option"]].flag)
+    return None

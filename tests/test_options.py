@@ -166,3 +166,20 @@ def test_declaration_is_package_data():
     assert DECLARATION.name in pyproject["tool"]["setuptools"]["package-data"]["dllm_deploy"]
     names = [o["name"] for o in json.loads(DECLARATION.read_text())["options"]]
     assert len(names) == len(set(names)) == len(OPTIONS)
+
+
+def test_every_declared_rule_between_options_is_enforced_by_decode_config():
+    """decode_options.json "rules": each one, broken, fails decode_config with its message and key;
+    held, passes (the C++ runtime checks the same table: tests/cpp/test_errors.py)."""
+    from dllm_deploy.decode_rules import RULES
+    from dllm_deploy.errors import OptionError
+    from dllm_deploy.runtime.api import decode_config
+    broken = {"max_tokens": {"max_tokens": 40, "gen_length": 32}, "threshold_floor": {"threshold_floor": 0.95},
+              "threshold_far": {"threshold_far": 0.5}, "threshold_lead": {"threshold_lead": 0.95}}
+    assert [r["option"] for r in RULES] == list(broken)
+    for r in RULES:
+        with pytest.raises(OptionError) as e:
+            decode_config(threshold=0.9, **broken[r["option"]])
+        assert e.value.key == r["option"] and str(e.value).startswith(r["message"].split("(")[0]), str(e.value)
+    assert decode_config(max_tokens=32, gen_length=32, threshold=0.9, threshold_floor=0.8, threshold_far=0.99,
+                         threshold_lead=0.7).gen_length == 32

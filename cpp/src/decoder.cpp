@@ -139,22 +139,7 @@ std::vector<RowResult> Runtime::generate(const std::vector<std::string>& prompts
                                         const ChunkSink& sink) {
   if (prompts.empty()) user_error("no prompt given");
   validate(cfg_in);
-  if (cfg_in.max_tokens && *cfg_in.max_tokens > cfg_in.gen_length)
-    option_error(DLLM_ERROR_BAD_OPTION, "max_tokens",
-                 "max tokens (" + std::to_string(*cfg_in.max_tokens) + ") exceeds gen length (" +
-                     std::to_string(cfg_in.gen_length) + "): raise --gen-length or leave it out (it defaults to --max-tokens)");
-  if (cfg_in.threshold_far && *cfg_in.threshold_far < cfg_in.threshold) {
-    char msg[200];
-    std::snprintf(msg, sizeof msg, "far threshold (%g) is below the threshold (%g): --threshold-far must be at "
-                  "least --threshold", *cfg_in.threshold_far, cfg_in.threshold);
-    option_error(DLLM_ERROR_BAD_OPTION, "threshold_far", msg);
-  }
-  if (cfg_in.threshold_lead && *cfg_in.threshold_lead > cfg_in.threshold) {
-    char msg[200];
-    std::snprintf(msg, sizeof msg, "lead threshold (%g) is above the threshold (%g): --threshold-lead may only lower "
-                  "the leftmost masked position's bar", *cfg_in.threshold_lead, cfg_in.threshold);
-    option_error(DLLM_ERROR_BAD_OPTION, "threshold_lead", msg);
-  }
+  check_rules(cfg_in);  // decode_options.json "rules": max_tokens vs gen_length, far / lead vs threshold
   const ModelConfig& mc = manifest_.model;
   std::string lowered;
   DecodeOptions cfg = cfg_in;

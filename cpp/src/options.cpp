@@ -4,6 +4,8 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <string>
+#include <utility>
 
 #include "decode_options.gen.hpp"
 #include "error.hpp"
@@ -143,6 +145,24 @@ void set_option(DecodeOptionFields& options, const std::string& name, const std:
     return;
   }
   option_error(DLLM_ERROR_UNKNOWN_OPTION, name, "unknown decode option '" + name + "'");
+}
+
+void check_rules(const DecodeOptionFields& options) {
+  auto index = [](const char* name) {
+    size_t i = 0;
+    while (std::string(kDecodeOptions[i].name) != name) ++i;  // the generator keeps only rules of known options
+    return i;
+  };
+  for (const OptionRule& r : kOptionRules) {
+    const size_t a = index(r.option), b = index(r.than);
+    const OptionValue x = get_field(options, a), y = get_field(options, b);
+    if (x.null || y.null || (std::string(r.op) == "<=" ? x.f <= y.f : x.f >= y.f)) continue;
+    std::string text = r.message;
+    for (const auto& [field, value] : {std::pair<std::string, std::string>{"{value}", shown(kDecodeOptions[a], x)},
+                                       {"{than}", shown(kDecodeOptions[b], y)}})
+      for (size_t at; (at = text.find(field)) != std::string::npos;) text.replace(at, field.size(), value);
+    option_error(DLLM_ERROR_BAD_OPTION, r.option, text);
+  }
 }
 
 void validate(const DecodeOptionFields& options) {

@@ -77,6 +77,15 @@ void assign(std::optional<T>& x, const OptionValue& v) {
 
 struct DecodeOptionFields;  // decode_options.gen.hpp
 
+// A rule between two options (decode_options.json "rules"): where `option` is set, `option` `op`
+// (<= or >=) `than`, else `message` ({value}, {than} filled in) as a bad-option error.
+struct OptionRule {
+  const char* option;
+  const char* op;
+  const char* than;
+  const char* message;
+};
+
 // The declared options the C++ runtime takes, in declaration order.
 size_t option_count();
 const OptionSpec& option_at(size_t index);
@@ -85,5 +94,7 @@ const OptionSpec& option_at(size_t index);
 void set_option(DecodeOptionFields& options, const std::string& name, const std::string& text);
 // Every field against its declared range / choices / implementation (the struct ABI's path).
 void validate(const DecodeOptionFields& options);
+// The declared rules between options, in order (after validate; gen_length defaulted already).
+void check_rules(const DecodeOptionFields& options);
 
 }  // namespace dllm::detail

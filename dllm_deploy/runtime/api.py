@@ -4,7 +4,7 @@ from __future__ import annotations
 from dataclasses import fields
 from typing import Iterator
 
-from ..decode_rules import OPTIONS, PROFILE_DEFAULT_KEYS, RUNTIME_OPTIONS, option_error
+from ..decode_rules import OPTIONS, PROFILE_DEFAULT_KEYS, RUNTIME_OPTIONS, option_error, rule_error
 from ..errors import OptionError, UserError
 from ..models.capabilities import resolve_cache
 from .loop import Decoder, RowResult, joins
@@ -27,35 +27,15 @@ def decode_config(**kw) -> DecodeConfig:
         err = option_error(name, kw.get(name), OPTIONS[name].flag if name in OPTIONS else None)
         if err:
             raise err
-    kw = {**kw, **_budget(kw.get("max_tokens"), kw.get("gen_length"))}
+    if kw.get("max_tokens") is not None and kw.get("gen_length") is None:
+        kw = {**kw, "gen_length": kw["max_tokens"]}        # gen_length defaults to max_tokens (docs/streaming.md)
+    err = rule_error({**{n: OPTIONS[n].default for n in _KEYWORDS if n in OPTIONS}, **{k: v for k, v in kw.items() if v is not None}})
+    if err:
+        raise err
     cfg = DecodeConfig(**{k: v for k, v in kw.items() if v is not None and k in _FIELDS})
-    if cfg.threshold_floor is not None and cfg.threshold_floor > cfg.threshold:
-        raise OptionError("bad_option", "threshold_floor", f"threshold floor ({cfg.threshold_floor}) exceeds the threshold "
-                          f"({cfg.threshold}): the dynamic tau falls from --threshold to the floor", OPTIONS["threshold_floor"].flag)
-    if cfg.threshold_far is not None and cfg.threshold_far < cfg.threshold:
-        raise OptionError("bad_option", "threshold_far", f"far threshold ({cfg.threshold_far}) is below the threshold "
-                          f"({cfg.threshold}): --threshold-far must be at least --threshold",
-                          OPTIONS["threshold_far"].flag)
-    if cfg.threshold_lead is not None and cfg.threshold_lead > cfg.threshold:
-        raise OptionError("bad_option", "threshold_lead", f"lead threshold ({cfg.threshold_lead}) is above the threshold "
-                          f"({cfg.threshold}): --threshold-lead may only lower the leftmost masked position's bar",
-                          OPTIONS["threshold_lead"].flag)
     if cfg.candidates and not (cfg.strategy == "spd" and cfg.select == "threshold"):
         raise UserError("--candidates prunes the drafts of spd --select threshold only")
     return cfg
-
-
-def _budget(max_tokens: int | None, gen_length: int | None) -> dict:
-    """max_tokens vs gen_length (docs/streaming.md): gen_length defaults to max_tokens; a budget
-    over the canvas is refused."""
-    if max_tokens is None:
-        return {}
-    if gen_length is None:
-        return {"gen_length": max_tokens}
-    if max_tokens > gen_length:
-        raise OptionError("bad_option", "max_tokens", f"max tokens ({max_tokens}) exceeds gen length ({gen_length}): "
-                          "raise --gen-length or leave it out (it defaults to --max-tokens)", OPTIONS["max_tokens"].flag)
-    return {}
 
 
 class Runtime:
