@@ -54,7 +54,7 @@ class Runtime:
         (``precision`` overrides the profile's when given). ``model``: the torch reference backend."""
         if artifact is not None:
             from ..profiles import get_profile
-            from .backends.ort_backend import load_artifact_runtime
+            from .backends.ort_backend import load_ort
             from ..profiles.memory import beam_width_cap, free_bytes_for
             prof, reasons, facts = get_profile(profile)
             if precision is None:   # the profile's precision when the artifact has it, else fp32
@@ -62,13 +62,14 @@ class Runtime:
                 have = read_manifest(artifact, verify=False)["precisions"]
                 precision = prof.precision if prof.precision in have else "fp32"
             if backend == "trt":
-                from .backends.trt_backend import load_trt_runtime
-                rt = load_trt_runtime(cls, artifact, prof, precision=precision)
+                from .backends.trt_backend import load_trt
+                parts = load_trt(artifact, prof, precision=precision)
             else:
-                rt = load_artifact_runtime(cls, artifact, precision=precision, threads=threads,
-                                           providers=prof.backends, provider_options=prof.ort.get("provider_options"),
-                                           threads_default=prof.ort.get("intra_op_threads") or None,
-                                           max_beam_width=prof.decode.get("max_beam_width"))
+                parts = load_ort(artifact, precision=precision, threads=threads, providers=prof.backends,
+                                 provider_options=prof.ort.get("provider_options"),
+                                 threads_default=prof.ort.get("intra_op_threads") or None,
+                                 max_beam_width=prof.decode.get("max_beam_width"))
+            rt = cls(parts.backend, parts.tokenizer, parts.backend.config, max_beam_width=parts.max_beam_width)
             free, _ = free_bytes_for(prof, facts, on_gpu=rt.backend.providers[0] != "CPUExecutionProvider")
             mem_cap = beam_width_cap(rt.memory_facts(), free, fraction=prof.memory.get("fraction", 0.5),
                                      reserve_mb=prof.memory.get("reserve_mb", 512), precision=precision,

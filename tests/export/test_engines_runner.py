@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from dllm_deploy.artifact import write_manifest
+from dllm_deploy.artifact import SAMPLING_INPUTS, write_manifest
 from dllm_deploy.artifact.engines import engine_record, engine_shapes, import_tensorrt, record_engines
 from dllm_deploy.cli import main
 from dllm_deploy.errors import UserError
@@ -27,7 +27,7 @@ LAYERS, HKV, D, V, L = 2, 2, 16, 300, 32
 def _names():
     past = [f"past_key_values.{i}.{k}" for i in range(LAYERS) for k in ("key", "value")]
     present = [f"present.{i}.{k}" for i in range(LAYERS) for k in ("key", "value")]
-    inputs = ["input_ids", "position_ids", "attention_mask"] + past
+    inputs = ["input_ids", "position_ids", "attention_mask"] + past + list(SAMPLING_INPUTS)
     return {"prefill": {"inputs": inputs, "outputs": ["logits", "top_ids", "top_probs"] + present},
             "verify": {"inputs": inputs, "outputs": ["top_ids", "top_probs"]}}
 

@@ -32,14 +32,17 @@ def main() -> int:
     from dllm_deploy.evals import tasks
     from dllm_deploy.export.exporter import export
     from dllm_deploy.runtime.api import Runtime
-    from dllm_deploy.runtime.backends.ort_backend import load_artifact_runtime
+    from dllm_deploy.runtime.backends.ort_backend import load_ort
+
+    def load(art, **kw):
+        parts = load_ort(str(art), precision="fp32", **kw)
+        return Runtime(parts.backend, parts.tokenizer, parts.backend.config, max_beam_width=parts.max_beam_width)
 
     with tempfile.TemporaryDirectory() as d:
         art = Path(d) / "tiny"
         export("tiny", art, precisions=["fp32"], max_beam_width=8, log=lambda m: None)
-        gpu = load_artifact_runtime(Runtime, str(art), precision="fp32", providers=[CUDA, "CPUExecutionProvider"],
-                                    provider_options={CUDA: {"use_tf32": "0"}})
-        cpu = load_artifact_runtime(Runtime, str(art), precision="fp32", providers=["CPUExecutionProvider"])
+        gpu = load(art, providers=[CUDA, "CPUExecutionProvider"], provider_options={CUDA: {"use_tf32": "0"}})
+        cpu = load(art, providers=["CPUExecutionProvider"])
         if gpu.backend.providers[0] != CUDA:
             print(f"summary: FAILED: the session fell back to {gpu.backend.providers} (CUDA libraries missing?)")
             return 1

@@ -19,6 +19,7 @@ graphs and the torch backend exclude them before the softmax.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
@@ -77,3 +78,24 @@ def sampling_feeds(sampling: dict | None, batch: int, tokens: int) -> dict:
 def artifact_capabilities(manifest: dict, folder: str | Path) -> Capabilities:
     """The capabilities an artifact records (its family need not be registered where it runs)."""
     return Capabilities.from_dict(manifest["capabilities"], f"{folder}/manifest.json: capabilities")
+
+
+@dataclass
+class Loaded:
+    """What a loader gives ``Runtime``: the backend, the artifact's tokenizer and the W cap of the
+    artifact and the loader's settings (the runtime applies the free-memory cap on top)."""
+    backend: Backend
+    tokenizer: object
+    max_beam_width: int
+
+
+def artifact_tokenizer(manifest: dict, folder: str | Path, eos_id: int):
+    """The tokenizer the manifest names: the byte tokenizer, or the artifact's tokenizer.json."""
+    from ...errors import UserError
+    from ...models.tokenizer import ByteTokenizer, HFTokenizer
+    kind = manifest["tokenizer"].get("kind")
+    if kind == "byte":
+        return ByteTokenizer()
+    if kind == "hf":
+        return HFTokenizer(Path(folder) / str(manifest["tokenizer"].get("file", "tokenizer.json")), eos_id)
+    raise UserError(f"{folder}: unknown tokenizer kind {kind!r} in the manifest")

@@ -14,7 +14,7 @@ import numpy as np
 
 from ...artifact import MANIFEST, read_manifest, sample_pool
 from ...errors import UserError, file_error
-from .base import artifact_capabilities, sampling_feeds
+from .base import Loaded, artifact_capabilities, artifact_tokenizer, sampling_feeds
 
 
 def provider_list(providers: list[str], options: dict | None = None) -> list:
@@ -180,21 +180,14 @@ def _session(folder: Path, files: dict, graph: str, options, providers):
         raise UserError(f"{path}: cannot load the ONNX graph ({type(e).__name__}: {msg})") from None
 
 
-def load_artifact_runtime(runtime_cls, folder, precision: str = "fp32", threads: int | None = None,
-                          providers=None, provider_options=None, threads_default: int | None = None,
-                          max_beam_width: int | None = None):
-    from ...models.tokenizer import ByteTokenizer, HFTokenizer
+def load_ort(folder, precision: str = "fp32", threads: int | None = None, providers=None, provider_options=None,
+             threads_default: int | None = None, max_beam_width: int | None = None) -> Loaded:
+    """The ONNX Runtime parts of an artifact: backend, tokenizer and the W cap (the artifact's,
+    lowered to ``max_beam_width`` when given)."""
     m = read_manifest(folder, verify=True, precision=precision)
     be = OrtBackend(folder, m, precision=precision, providers=providers, provider_options=provider_options,
                     threads=threads or threads_default)
-    tok_kind = m["tokenizer"].get("kind")
-    if tok_kind == "byte":
-        tok = ByteTokenizer()
-    elif tok_kind == "hf":
-        tok = HFTokenizer(Path(folder) / str(m["tokenizer"].get("file", "tokenizer.json")), be.config.eos_token_id)
-    else:
-        raise UserError(f"{folder}: unknown tokenizer kind {tok_kind!r} in the manifest")
     cap = m.get("max_beam_width", 8)
     if max_beam_width is not None:
         cap = min(cap, int(max_beam_width))
-    return runtime_cls(be, tok, be.config, max_beam_width=cap)
+    return Loaded(be, artifact_tokenizer(m, folder, be.config.eos_token_id), cap)

@@ -40,7 +40,7 @@ from ...artifact.engines import (
     stale_reasons,
 )
 from ...errors import UserError
-from .base import artifact_capabilities, sampling_feeds
+from .base import Loaded, artifact_capabilities, artifact_tokenizer, sampling_feeds
 
 # tensorrt.DataType member name -> torch dtype attribute name
 TRT_TO_TORCH = {"FLOAT": "float32", "HALF": "float16", "BF16": "bfloat16", "INT64": "int64", "INT32": "int32",
@@ -305,18 +305,11 @@ class TrtBackend:  # pragma: no cover - needs a GPU with TensorRT
         return self._run("prefill", cache, ids, pos, mask)["logits"].float().cpu().numpy()
 
 
-def load_trt_runtime(runtime_cls, folder, profile, precision: str | None = None):  # pragma: no cover - GPU
-    """A Runtime over the TensorRT engines of ``profile`` (built by `dllm-deploy build-engines`)."""
+def load_trt(folder, profile, precision: str | None = None) -> Loaded:  # pragma: no cover - GPU
+    """The TensorRT parts of an artifact: backend over the engines of ``profile`` (built by
+    `dllm-deploy build-engines`), tokenizer, and the W cap of the artifact, engines and profile."""
     from ...artifact import read_manifest
-    from ...models.tokenizer import ByteTokenizer, HFTokenizer
     m = read_manifest(folder, verify=True)
     be = TrtBackend(folder, m, profile, precision=precision)
-    kind = m["tokenizer"].get("kind")
-    if kind == "byte":
-        tok = ByteTokenizer()
-    elif kind == "hf":
-        tok = HFTokenizer(Path(folder) / m["tokenizer"]["file"], be.config.eos_token_id)
-    else:
-        raise UserError(f"{folder}: unknown tokenizer kind {kind!r} in the manifest")
     cap = min(int(m.get("max_beam_width", 8)), be.max_beam_width, int(profile.decode.get("max_beam_width", be.max_beam_width)))
-    return runtime_cls(be, tok, be.config, max_beam_width=cap)
+    return Loaded(be, artifact_tokenizer(m, folder, be.config.eos_token_id), cap)
