@@ -5,6 +5,15 @@
 
 namespace dllm::detail {
 
+CacheMode cache_mode_named(const std::string& name) {
+  if (name == "none") return CacheMode::kNone;
+  if (name == "exact") return CacheMode::kExact;
+  if (name == "prefix") return CacheMode::kPrefix;
+  if (name == "dual") return CacheMode::kDual;
+  if (name == "delayed") return CacheMode::kDelayed;
+  throw std::invalid_argument("unknown cache mode " + name);
+}
+
 namespace {
 
 // (B,S,S) among S fed tokens: a token attends the valid tokens of its block and of earlier blocks

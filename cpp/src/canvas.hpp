@@ -21,11 +21,15 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <string>
 #include <vector>
 
 namespace dllm::detail {
 
 enum class CacheMode { kNone, kExact, kPrefix, kDual, kDelayed };
+
+// The mode of a cache-mode name (none, prefix, dual, exact, delayed); std::invalid_argument for another.
+CacheMode cache_mode_named(const std::string& name);
 
 // Which cache a plan runs over: the rows' own, a new one that becomes the rows' (refresh), or a
 // throwaway one (mode none).

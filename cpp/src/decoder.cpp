@@ -48,14 +48,6 @@ std::string cache_message(const std::string& key, const std::string& mode, const
   return text;
 }
 
-CacheMode mode_of(const std::string& name) {
-  if (name == "none") return CacheMode::kNone;
-  if (name == "prefix") return CacheMode::kPrefix;
-  if (name == "dual") return CacheMode::kDual;
-  if (name == "delayed") return CacheMode::kDelayed;
-  return CacheMode::kExact;
-}
-
 }  // namespace
 
 CacheMode resolve_cache(const std::string& mode, const Capabilities& caps, int width) {
@@ -72,7 +64,7 @@ CacheMode resolve_cache(const std::string& mode, const Capabilities& caps, int w
   if (it == caps.cache.end()) user_error(cache_message(mode + ".unavailable", quoted(mode), offered));
   if (width > 1 && std::find(caps.one_branch.begin(), caps.one_branch.end(), mode) != caps.one_branch.end())
     user_error(cache_message(mode + ".one_branch", quoted(mode), offered));
-  return mode_of(it->second);
+  return cache_mode_named(it->second);  // the manifest's reader checked the names
 }
 
 std::string RowResult::to_json() const {

@@ -165,8 +165,10 @@ void read_capabilities(const Reader& r, const Json& c, Capabilities& out) {
   out.shift_logits = r.flag(c, "shift_logits", "capabilities.shift_logits");
   out.joins = r.flag(c, "joins", "capabilities.joins");
   const Json& cache = r.object(c, "cache", "capabilities.cache");
+  const std::set<std::string> modes = {"none", "prefix", "dual", "exact", "delayed", "auto"};  // decode_options.json
   for (const auto& kv : cache.items()) {
-    if (!kv.value().is_string()) r.corrupt("'capabilities.cache' maps a mode onto a non-string");
+    const bool runs = kv.value().is_string() && modes.count(kv.value().get<std::string>()) && kv.value() != "auto";
+    if (!modes.count(kv.key()) || !runs) r.corrupt("'capabilities.cache' must map cache modes onto the modes that run");
     out.cache[kv.key()] = kv.value().get<std::string>();
   }
   if (!out.cache.count("auto")) r.corrupt("'capabilities.cache' has no 'auto'");

@@ -12,30 +12,19 @@
 
 #include <nlohmann/json.hpp>
 
+#include "fixtures.hpp"
 #include "canvas.hpp"
 
 using dllm::detail::CacheMode;
 using dllm::detail::Plan;
 using dllm::detail::PlanCache;
 using dllm::detail::Prefix;
+using fixtures::flat;
 using nlohmann::json;
 
 namespace {
 
 // A nested JSON array of numbers, flattened row-major.
-template <class T>
-void flatten(const json& j, std::vector<T>& out) {
-  if (!j.is_array()) return out.push_back(j.get<T>());
-  for (const json& x : j) flatten(x, out);
-}
-
-template <class T>
-std::vector<T> flat(const json& j) {
-  std::vector<T> out;
-  flatten(j, out);
-  return out;
-}
-
 Prefix prefix_of(const json& j) {
   Prefix p;
   p.rows = j["ids"].size();
@@ -47,14 +36,6 @@ Prefix prefix_of(const json& j) {
   return p;
 }
 
-CacheMode mode_of(const std::string& m) {
-  if (m == "exact") return CacheMode::kExact;
-  if (m == "prefix") return CacheMode::kPrefix;
-  if (m == "dual") return CacheMode::kDual;
-  if (m == "none") return CacheMode::kNone;
-  throw std::invalid_argument("unknown cache mode " + m);
-}
-
 // The named builder over the recorded inputs.
 Plan build(const std::string& builder, const json& in) {
   const Prefix prefix = prefix_of(in["prefix"]);
@@ -63,7 +44,7 @@ Plan build(const std::string& builder, const json& in) {
     return held_verify(prefix, flat<uint8_t>(in["held"]), in["held"][0].size(), block.data(),
                        flat<uint8_t>(in["fresh"]).data(), in["block"][0].size(), in["mask_id"], in["pad_id"]);
   }
-  const CacheMode mode = mode_of(in["mode"]);
+  const CacheMode mode = dllm::detail::cache_mode_named(in["mode"]);
   if (builder == "tree_verify" || builder == "canvas_verify") {
     const std::vector<int64_t> nodes = flat<int64_t>(in["nodes"]);
     const size_t w = in["nodes"][0].size(), n = in["nodes"][0][0].size();
@@ -103,18 +84,8 @@ std::string differences(const Plan& got, const json& want) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc != 2) {
-    std::fprintf(stderr, "usage: %s FIXTURES_DIR\n", argv[0]);
-    return 2;
-  }
-  std::vector<std::filesystem::path> files;
-  for (const auto& e : std::filesystem::directory_iterator(argv[1]))
-    if (e.path().extension() == ".json") files.push_back(e.path());
-  std::sort(files.begin(), files.end());
   size_t calls = 0, failed = 0, plan_files = 0;
-  for (const auto& path : files) {
-    std::ifstream f(path);
-    const json doc = json::parse(f);
+  for (const auto& [path, doc] : fixtures::documents(argc, argv)) {
     if (!doc.contains("calls")) continue;  // another fixture (noise.json)
     ++plan_files;
     size_t i = 0;

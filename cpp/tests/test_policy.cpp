@@ -15,27 +15,16 @@
 
 #include <nlohmann/json.hpp>
 
+#include "fixtures.hpp"
 #include "options.hpp"
 #include "policy.hpp"
 
 using dllm::detail::DecodeOptions;
 using dllm::detail::Policy;
+using fixtures::flat;
 using nlohmann::json;
 
 namespace {
-
-template <class T>
-void flatten(const json& j, std::vector<T>& out) {
-  if (!j.is_array()) return out.push_back(j.get<T>());
-  for (const json& x : j) flatten(x, out);
-}
-
-template <class T>
-std::vector<T> flat(const json& j) {
-  std::vector<T> out;
-  flatten(j, out);
-  return out;
-}
 
 std::string text_of(const json& v) {
   if (v.is_string()) return v.get<std::string>();
@@ -74,18 +63,8 @@ size_t replay(const std::filesystem::path& path, const json& doc, size_t& steps)
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc != 2) {
-    std::fprintf(stderr, "usage: %s FIXTURES_DIR\n", argv[0]);
-    return 2;
-  }
-  std::vector<std::filesystem::path> files;
-  for (const auto& e : std::filesystem::directory_iterator(argv[1]))
-    if (e.path().extension() == ".json") files.push_back(e.path());
-  std::sort(files.begin(), files.end());
   size_t traces = 0, steps = 0, failed = 0;
-  for (const auto& path : files) {
-    std::ifstream f(path);
-    const json doc = json::parse(f);
+  for (const auto& [path, doc] : fixtures::documents(argc, argv)) {
     try {
       failed += replay(path, doc, steps);
       ++traces;
