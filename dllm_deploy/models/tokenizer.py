@@ -1,6 +1,7 @@
 """Tokenizers: the byte tokenizer of the tiny dLLM, and Hugging Face ``tokenizer.json`` files."""
 from __future__ import annotations
 
+import codecs
 import json
 import shutil
 from pathlib import Path
@@ -29,8 +30,61 @@ class ByteTokenizer:
                 out.append(i)
         return out.decode("utf-8", errors="replace")
 
+    def incremental(self) -> ByteText:
+        """``decode`` of a growing list of ids at a cost per new id (a streamed row's text)."""
+        return ByteText(self.EOS)
+
     def to_manifest(self) -> dict:
         return {"kind": "byte", "mask": self.MASK, "eos": self.EOS, "pad": self.PAD}
+
+
+class ByteText:
+    """``ByteTokenizer.decode`` of ids that arrive a few at a time (runtime/stream.py's row text):
+    the bytes go through an incremental UTF-8 decoder, so ``text`` == decode(every id so far)
+    at a cost per new id, and the text of every prefix of the ids is kept as (its settled
+    characters, the text of its pending bytes) for ``within``."""
+
+    def __init__(self, eos_id: int = ByteTokenizer.EOS):
+        self._utf8 = codecs.getincrementaldecoder("utf-8")("replace")
+        self._eos, self._ended = eos_id, False       # after EOS, ids decode to nothing
+        self._settled = ""          # characters no later byte changes
+        self._tail = ""             # the pending bytes of an incomplete character, decoded ("" or U+FFFD)
+        self._marks = [(0, "")]     # after n ids: (len(settled), tail)
+
+    @property
+    def text(self) -> str:
+        return self._settled + self._tail
+
+    @property
+    def settled(self) -> int:
+        """Characters of ``text`` that no later id can change."""
+        return len(self._settled)
+
+    def extend(self, ids) -> None:
+        settled, tail = self._settled, self._tail
+        for i in ids:
+            i = int(i)
+            if self._ended:
+                pass
+            elif i == self._eos:
+                self._ended = True
+            elif i < 128 and i >= 0 and not tail:            # ASCII after a complete character: itself
+                settled += chr(i)
+            elif 0 <= i < 256:
+                settled += self._utf8.decode(bytes((i,)))
+                pending = self._utf8.getstate()[0]
+                tail = pending.decode("utf-8", errors="replace") if pending else ""
+            self._marks.append((len(settled), tail))
+        self._settled, self._tail = settled, tail
+
+    def within(self, text: str, start: int) -> int:
+        """The largest count n >= ``start`` of the ids whose decoded text is a prefix of ``text``
+        (itself a prefix of ``self.text``)."""
+        for n in range(len(self._marks) - 1, start, -1):
+            at, tail = self._marks[n]
+            if at + len(tail) <= len(text) and text.startswith(tail, at):
+                return n
+        return start
 
 
 class HFTokenizer:

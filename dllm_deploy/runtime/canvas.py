@@ -29,6 +29,7 @@ C cached positions the fed tokens attend besides themselves.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from functools import lru_cache
 
 import numpy as np
 
@@ -87,7 +88,7 @@ class Prefix:
 
     def next_positions(self, n: int) -> np.ndarray:
         """(B,n) the positions of the n tokens after the prefix."""
-        return self.positions[:, -1:] + 1 + np.arange(n)
+        return self.positions[:, -1:] + np.arange(1, n + 1)
 
 
 @dataclass(frozen=True)
@@ -113,8 +114,35 @@ def _over_cache(cached_valid: np.ndarray, new: np.ndarray) -> np.ndarray:
     """(B,1,T,C+T): every fed token attends the valid cached keys; ``new`` (T,T) among the fed."""
     b, c = cached_valid.shape
     t = new.shape[-1]
-    return np.concatenate([np.broadcast_to(cached_valid[:, None, None, :], (b, 1, t, c)),
-                           np.broadcast_to(new, (b, 1, t, t))], axis=-1)
+    mask = np.empty((b, 1, t, c + t), dtype=bool)
+    mask[..., :c] = cached_valid[:, None, None, :]
+    mask[..., c:] = new
+    return mask
+
+
+@lru_cache(maxsize=64)
+def _branches(g: int, w: int) -> np.ndarray:
+    """(W*G, W*G) read-only: W branches of G tokens, each attending itself only (asked at every
+    verification, the same for a whole decode)."""
+    m = tree_mask(0, g, w)
+    m.setflags(write=False)
+    return m
+
+
+@lru_cache(maxsize=64)
+def _eye(t: int) -> np.ndarray:
+    """(T,T) read-only identity: each fed token attends itself (a pad only itself)."""
+    m = np.eye(t, dtype=bool)
+    m.setflags(write=False)
+    return m
+
+
+@lru_cache(maxsize=64)
+def _columns(w: int, n: int) -> np.ndarray:
+    """(W,L) read-only: 0..W*L-1, branch by branch (tree_verify's read columns)."""
+    m = np.arange(w * n).reshape(w, n)
+    m.setflags(write=False)
+    return m
 
 
 def _recomputed(prefix: Prefix, plan: Plan) -> Plan:
@@ -152,9 +180,10 @@ def tree_verify(prefix: Prefix, nodes: np.ndarray, mode: str) -> Plan:
     positions, attending the prefix and itself, never another branch."""
     _block_causal(mode)
     b, w, n = nodes.shape
-    plan = Plan(nodes.reshape(b, w * n), np.tile(prefix.next_positions(n), (1, w)),          # (B,W*L)
-                _over_cache(prefix.valid, tree_mask(0, n, w)), keep=0, cache="reuse",
-                read=np.arange(w * n).reshape(w, n))
+    pos = prefix.next_positions(n)                                                            # (B,L)
+    plan = Plan(nodes.reshape(b, w * n), pos if w == 1 else np.tile(pos, (1, w)),             # (B,W*L)
+                _over_cache(prefix.valid, _branches(n, w)), keep=0, cache="reuse",
+                read=_columns(w, n))
     return plan if mode == "exact" else _recomputed(prefix, plan)
 
 
@@ -210,7 +239,7 @@ def canvas_verify(prefix: Prefix, nodes: np.ndarray, suffix_len: int, mask_id: i
     ids = np.concatenate([head, nodes, np.full((b, w, fed), mask_id, dtype=np.int64)], axis=2)   # (B,W,G)
     pos = np.concatenate([prefix.positions[:, p - a:], prefix.next_positions(n + fed)], axis=1)  # (B,G)
     cached = np.concatenate([prefix.valid[:, :p - a], np.ones((b, suffix_len - fed), dtype=bool)], axis=1)
-    return Plan(ids.reshape(b, w * g), np.tile(pos, (1, w)), _over_cache(cached, tree_mask(0, g, w)),
+    return Plan(ids.reshape(b, w * g), np.tile(pos, (1, w)), _over_cache(cached, _branches(g, w)),
                 keep=0, cache="reuse", read=g * np.arange(w)[:, None] + a + np.arange(n))
 
 
@@ -224,23 +253,19 @@ def held_verify(prefix: Prefix, held: np.ndarray, block: np.ndarray, fresh: np.n
     pad attends only itself. Reads (B,1,L): each masked position's column (a W = 1 rule reads no
     other position; the rest read column 0)."""
     b, n = block.shape
-    parts = [fresh, block == mask_id]                                             # (B,L) each
-    width = [int(x.sum(axis=1).max()) for x in parts]                             # F, M
-    t = sum(width)
-    src = np.zeros((b, t), dtype=np.int64)                                        # block position per column
-    real = np.zeros((b, t), dtype=bool)
+    fed = [(f.nonzero()[0].tolist(), m.nonzero()[0].tolist()) for f, m in zip(fresh, block == mask_id)]
+    wf, wm = (max(len(row[k]) for row in fed) for k in (0, 1))                   # F, M
+    src = np.array([f + [-1] * (wf - len(f)) + m + [-1] * (wm - len(m)) for f, m in fed],
+                   dtype=np.int64).reshape(b, wf + wm)                           # (B,T) block position, -1: pad
+    real = src >= 0
     read = np.zeros((b, 1, n), dtype=np.int64)
-    for r in range(b):
-        at = 0
-        for part, w in zip(parts, width):
-            cols = np.flatnonzero(part[r])
-            src[r, at:at + cols.size], real[r, at:at + cols.size] = cols, True
-            if part is parts[1]:
-                read[r, 0, cols] = at + np.arange(cols.size)
-            at += w
-    ids = np.where(real, np.take_along_axis(block, src, axis=1), pad_id)          # (B,T)
-    pos = np.take_along_axis(prefix.next_positions(n), src, axis=1)               # (B,T)
-    new = real[:, None, :] & real[:, :, None] | np.eye(t, dtype=bool)             # (B,T,T)
-    cached = np.concatenate([prefix.valid, held], axis=1)                         # (B,P+E)
-    mask = np.concatenate([cached[:, None, :] & real[:, :, None], new], axis=-1)  # (B,T,P+E+T)
-    return Plan(ids, pos, mask[:, None], keep=width[0], cache="reuse", read=read)
+    for r, (_, m) in enumerate(fed):
+        read[r, 0, m] = np.arange(wf, wf + len(m))
+    at = np.arange(b)[:, None], np.maximum(src, 0)
+    ids = np.where(real, block[at], pad_id)                                      # (B,T)
+    pos = prefix.next_positions(n)[at]                                           # (B,T) (a pad: the block's first)
+    t, c = src.shape[1], prefix.valid.shape[1] + held.shape[1]
+    mask = np.empty((b, 1, t, c + t), dtype=bool)                                 # keys [prefix | held | fed]
+    mask[:, 0, :, :c] = np.concatenate([prefix.valid, held], axis=1)[:, None, :] & real[:, :, None]
+    mask[:, 0, :, c:] = real[:, None, :] & real[:, :, None] | _eye(t)
+    return Plan(ids, pos, mask, keep=wf, cache="reuse", read=read)

@@ -70,11 +70,14 @@ class RowResult:
 
 def block_status(tokens: np.ndarray, mask_id: int, eos_id: int) -> tuple[bool, int | None]:
     """(done, stop) of a block state (L,): stop is the index just past the first EOS when every
-    position before it is committed (the row ends), else None; done when it ends or is full."""
-    hits = np.flatnonzero(tokens == eos_id)
-    if hits.size and not (tokens[: hits[0]] == mask_id).any():
-        return True, int(hits[0]) + 1
-    return not (tokens == mask_id).any(), None
+    position before it is committed (the row ends), else None; done when it ends or is full.
+    (Asked twice per row and forward: on the L ids as a list, cheaper than numpy at this size.)"""
+    t = tokens.tolist()
+    if eos_id in t:
+        e = t.index(eos_id)
+        if mask_id not in t[:e]:
+            return True, e + 1
+    return mask_id not in t, None
 
 
 class _Run:
@@ -91,7 +94,8 @@ class _Run:
         self.bidi = not caps.block_causal   # LLaDA / Dream: the canvas carries the suffix of masks
         self.bc_mode = "exact" if mode == "delayed" else mode   # delayed: exact at block boundaries
         self.join = join if joins(backend, caps, mode) else None
-        self.gen: list[list[int]] = []
+        self.gen: list[list[int]] = []          # each row's finished blocks' ids (each cut just after its EOS)
+        self.final: list[list[int]] = []        # each row's final ids so far (report), extended in place
         self.options: list[RowOptions] = []     # each row's, in row order
         self.budget: list[int] = []             # final ids a row may have
         self.blocks: list[int] = []             # blocks a row has finished
@@ -110,6 +114,7 @@ class _Run:
         now, span = time.perf_counter(), self.n_blocks * self.L
         for o in rows:
             self.gen.append([])
+            self.final.append([])
             self.options.append(o)
             self.budget.append(min(o.max_tokens or span, span))
             self.blocks.append(0)
@@ -153,14 +158,18 @@ class _Run:
 
     def report(self, block: np.ndarray) -> list[tuple[int, list[int]]]:
         """Each live row's final ids: its finished blocks, then the committed left-to-right prefix
-        of ``block`` (B,L), cut just after EOS and to the row's budget."""
+        of ``block`` (B,L), cut just after EOS and to the row's budget. Final ids only grow: each
+        row's list is extended in place by the ids that became final since the last report."""
         out = []
-        for r, row in enumerate(self.state.rows):
-            masked = np.flatnonzero(block[r] == self.mask_id)
-            head = block[r][: masked[0] if masked.size else self.L]
-            eos = np.flatnonzero(head == self.eos_id)
-            ids = self.gen[row] + [int(x) for x in head[: eos[0] + 1 if eos.size else len(head)]]
-            out.append((int(row), ids[: self.budget[row]]))
+        for row, t in zip(self.state.rows.tolist(), block.tolist()):
+            ids, base = self.final[row], len(self.gen[row])        # base: the finished blocks' ids
+            head = t.index(self.mask_id) if self.mask_id in t else len(t)
+            if self.eos_id in t[:head]:
+                head = t.index(self.eos_id) + 1
+            upto = min(base + head, self.budget[row])
+            if upto > len(ids):                                      # (len(ids) >= base unless at the budget)
+                ids.extend(t[len(ids) - base: upto - base])
+            out.append((row, ids))
         return out
 
     def _suffix_len(self, k: int) -> int:
@@ -172,7 +181,7 @@ class _Run:
         f(block) (B,L,K) twice."""
         state = state or self.state
         top_ids, top_probs = state.run(plan)
-        for row in state.rows:
+        for row in state.rows.tolist():
             self.stats[row]["forwards"] += 1
         return top_ids[:, 0], top_probs[:, 0]
 
@@ -224,43 +233,55 @@ class _Run:
         return out
 
     def decode_block(self, k: int, block: np.ndarray, f_ids: np.ndarray, f_probs: np.ndarray) -> Iterator[list]:
-        """Fills block k (B,L) in place, f_ids/f_probs (B,L,K) following, until every row's block
-        is full or ended; reports after every forward, once node 0 (the base rule's step from its
-        results, which every selection reaches) is committed."""
+        """Fills block k (B,L) in place, given f of it (f_ids/f_probs (B,L,K)), until every row's
+        block is full or ended; reports after every forward, once node 0 (the base rule's step
+        from its results, which every selection reaches) is committed."""
         b, policy = len(block), self.policy
-        step = np.zeros(b, dtype=np.int64)                                         # rule steps taken
-        done = np.zeros(b, dtype=bool)                                             # block full (or EOS)
+        f = list(zip(f_ids, f_probs))                                              # row r: f(block[r]) (L,K) twice
+        step = [0] * b                                                             # rule steps taken
+        done = [False] * b                                                         # block full (or EOS)
         cached = np.zeros(block.shape, dtype=bool)                                 # mode delayed: held positions
         while True:
-            drafts = [policy.plan(block[r], f_ids[r], f_probs[r], int(step[r])) for r in range(b)]
-            nodes = np.stack([d[0] for d in drafts])                                # (B,W,L)
-            for r in np.flatnonzero(~done):
-                block[r] = nodes[r, 0]
-                done[r] = block_status(block[r], self.mask_id, self.eos_id)[0]
+            drafts = [policy.plan(block[r], *f[r], step[r]) for r in range(b)]
+            nodes = np.stack([d[0] for d in drafts]) if b > 1 else drafts[0][0][None]   # (B,W,L)
+            for r in range(b):
+                if not done[r]:
+                    block[r] = nodes[r, 0]
+                    done[r] = block_status(block[r], self.mask_id, self.eos_id)[0]
             yield self.report(block)
-            done |= np.isin(self.state.rows, list(self.stopped))
-            need = np.flatnonzero(~done)
-            if not need.size:
+            rows = self.state.rows.tolist()
+            if self.stopped:
+                done = [d or row in self.stopped for d, row in zip(done, rows)]
+            need = [r for r in range(b) if not done[r]]
+            if not need:
                 self.state.drop_held()                                              # mode delayed's, if any
                 return
-            serves = np.stack([step[r] + 1 + np.asarray(node_depths(d[1])) for r, d in enumerate(drafts)])   # (B,W)
-            v_ids, v_probs = self._verify(k, nodes, serves, cached)                  # (B,W,L,K)
+            v_ids, v_probs = self._verify(k, nodes, self._serves(step, drafts), cached)   # (B,W,L,K)
             for r in need:
-                cur, steps = policy.select(nodes[r], drafts[r][1], v_ids[r], v_probs[r], int(step[r]))
-                st = self.stats[self.state.rows[r]]
+                cur, steps = policy.select(nodes[r], drafts[r][1], v_ids[r], v_probs[r], step[r])
+                st = self.stats[rows[r]]
                 st["forwards"] += 1
                 st["accepted_hist"][steps] = st["accepted_hist"].get(steps, 0) + 1
-                block[r], f_ids[r], f_probs[r] = nodes[r, cur], v_ids[r, cur], v_probs[r, cur]
+                f[r] = v_ids[r, cur], v_probs[r, cur]
                 step[r] += steps
-                done[r] = block_status(block[r], self.mask_id, self.eos_id)[0]
+                if cur:                                   # node 0 is the block already
+                    block[r] = nodes[r, cur]
+                    done[r] = block_status(block[r], self.mask_id, self.eos_id)[0]
+
+    def _serves(self, step: list[int], drafts: list) -> np.ndarray | None:
+        """(B,W) the base-rule step each drafted node serves (its sampling noise); None when no
+        row samples (a greedy call feeds no noise)."""
+        if self.state.sampling is None:
+            return None
+        return np.stack([step[r] + 1 + np.asarray(node_depths(d[1])) for r, d in enumerate(drafts)])
 
     def finish_block(self, block: np.ndarray) -> np.ndarray:
         """Appends each row's tokens (up to its EOS); (B,) True for the rows that go on (not ended,
         not stopped, blocks left in their canvas)."""
         live = np.ones(len(block), dtype=bool)
-        for r, row in enumerate(self.state.rows):
+        for r, row in enumerate(self.state.rows.tolist()):
             stop = block_status(block[r], self.mask_id, self.eos_id)[1]
-            self.gen[row].extend(int(x) for x in block[r][:stop])
+            self.gen[row].extend(block[r, :stop].tolist())
             self.blocks[row] += 1
             live[r] = stop is None and row not in self.stopped and self.blocks[row] < self.n_blocks
         return live
@@ -362,13 +383,18 @@ class Decoder:
         batch there, numbered after the rows so far (a model without an exact cache: never called)."""
         return self._chunks(*self._prepare(prompts, dcfg, rows, join))
 
+    def _row_text(self):
+        """A row's text for RowText: the tokenizer's incremental one if it has one, else its decode."""
+        incremental = getattr(self.tok, "incremental", None)
+        return incremental() if incremental else self.tok.decode
+
     def _chunks(self, run: _Run, policy: Policy, requested: int) -> Iterator[dict]:
         texts, first = [], []
         for report in run.decode():
             for row, ids in report:
                 while len(texts) <= row:      # rows that joined since
                     o = run.options[len(texts)]
-                    texts.append(RowText(self.tok.decode, self.config.eos_token_id, o.stop, run.budget[len(texts)]))
+                    texts.append(RowText(self._row_text(), self.config.eos_token_id, o.stop, run.budget[len(texts)]))
                     first.append(None)
                 t = texts[row]
                 if len(ids) == t.seen:

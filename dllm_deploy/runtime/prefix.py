@@ -21,6 +21,18 @@ def _read_columns(plan: Plan) -> np.ndarray:
     return np.broadcast_to(plan.read, (b, w, n)).reshape(b, w * n)
 
 
+def _read(read: np.ndarray, *outs: np.ndarray) -> tuple[np.ndarray, ...]:
+    """(B,W,L,K) each the read columns of a call's outputs ``outs`` (B,T,K): ``read`` (W,L) the
+    same columns of every row, or (B,W,L) each row's own."""
+    b = len(outs[0])
+    if read.ndim == 2:
+        at, shape = (slice(None), read.ravel()), (b, *read.shape, -1)
+    else:
+        cols = read.reshape(b, -1) if len(read) == b else np.broadcast_to(read, (b, *read.shape[1:])).reshape(b, -1)
+        at, shape = (np.arange(b)[:, None], cols), (b, *read.shape[1:], -1)
+    return tuple([o[at].reshape(shape) for o in outs])
+
+
 class RowSampling:
     """The rows' sampling options as per-row arrays (B,) that follow the live rows."""
 
@@ -135,7 +147,4 @@ class PrefixState:
             out = be.prefill(cache, plan.ids, plan.positions, plan.mask, plan.keep, sampling)
         else:
             out = be.verify(cache, plan.ids, plan.positions, plan.mask, sampling)
-        top_i, top_p = out                                                                  # (B,T,K)
-        at, shape = _read_columns(plan)[..., None], (len(top_i), *plan.read.shape[-2:], -1)
-        return (np.take_along_axis(top_i, at, axis=1).reshape(shape),                  # (B,W,L,K)
-                np.take_along_axis(top_p, at, axis=1).reshape(shape))
+        return _read(plan.read, *out)                                                       # (B,W,L,K) twice

@@ -82,24 +82,29 @@ class Threshold:
 
     def positions(self, state, probs, step, mask_id, tau: float | None = None) -> np.ndarray:
         """The masked positions this step commits, most confident first. ``tau`` overrides the
-        rule's tau at this step (SPD's drafts); ``far`` stays at least that tau."""
-        ranked = _ranked_masked(state, probs, mask_id)
-        if ranked.size == 0:
-            return ranked
-        t = self.tau_at(step, int(ranked.size)) if tau is None else tau
-        p = probs[ranked]
+        rule's tau at this step (SPD's drafts); ``far`` stays at least that tau. The decode loop
+        calls this once per row and forward: a handful of numpy calls, the rest on a short list."""
+        pos = (state == mask_id).nonzero()[0]                    # masked positions, left to right
+        if pos.size == 0:
+            return pos
+        t = self.tau_at(step, int(pos.size)) if tau is None else tau
+        p = probs[pos]
+        order = (-p).argsort(kind="stable")                      # most confident first (ties: lower position)
         if self.lead is None and self.far is None:
-            return ranked[:max(1, int((p >= t).sum()))]
-        bar = np.full(p.shape, t, dtype=p.dtype)      # compared in the probabilities' precision, as in C++
+            return pos[order[:max(1, int(np.count_nonzero(p >= t)))]]
+        # the bars in the probabilities' precision (as in C++), compared on the L values as a list:
+        # float32 values and float32 bars compare the same as Python floats
+        bar = lambda x: float(p.dtype.type(x))                    # noqa: E731
+        pl, bt = p.tolist(), bar(t)
+        ok = [x >= bt for x in pl]                              # (M,) left to right: clears its bar
         if self.lead is not None:
-            bar[ranked == ranked.min()] = min(self.lead, t)        # the leftmost masked position
-        if self.far is None:
-            keep = p >= bar
-        else:
-            below = ranked[p < bar]
-            gap = below.min() if below.size else state.shape[0]    # the first masked position below its bar
-            keep = ((ranked < gap) & (p >= bar)) | (p >= max(self.far, t))
-        return ranked[keep] if keep.any() else ranked[:1]
+            ok[0] = pl[0] >= bar(min(self.lead, t))              # the leftmost masked position
+        if self.far is not None and False in ok:
+            gap = ok.index(False)                                # the first masked position below its bar
+            far = bar(max(self.far, t))
+            ok[gap:] = [x >= far for x in pl[gap:]]
+        keep = [j for j in order.tolist() if ok[j]]
+        return pos[keep] if keep else pos[order[:1]]
 
     def tau_at(self, step: int, masked_left: int) -> float:
         """tau at this step of a block with ``masked_left`` masked positions."""

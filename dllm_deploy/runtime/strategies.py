@@ -94,13 +94,14 @@ class Policy:
         steps. The backends never choose [MASK] (DESIGN §8), so a stuck step is a bug, reported
         rather than looped on."""
         m = self.mask_id
-        left = int((state == m).sum())
-        if left and int((step0 == m).sum()) >= left:
-            raise RuntimeError(f"internal error: a decode step committed no token ({left} masked positions left; "
-                               "the predictions there are the mask token)")
+        if (step0 == state).all() and (state == m).any():     # (step0 differs from S only where S is masked)
+            raise RuntimeError(f"internal error: a decode step committed no token ({np.count_nonzero(state == m)} "
+                               "masked positions left; the predictions there are the mask token)")
 
     def select(self, nodes, spec: TreeSpec, f_ids, f_probs, step):
         """(node index, steps accepted). f_ids/f_probs: (W, L, K) = f(node)."""
+        if spec.width == 1:       # node 0 alone (vanilla, threshold): one step, nothing to walk
+            return 0, 1
         m = self.mask_id
         depths = node_depths(spec)
         cur, steps = 0, 1

@@ -120,10 +120,14 @@ class Drafter:
     def draft(self, spec: TreeSpec, state, top_ids, top_probs, step: int, tau_now=None):
         """W drafted states (W, L). top_ids/top_probs (L, K) are f(S)."""
         ids1, p1 = top_ids[:, 0], top_probs[:, 0]
-        depths = node_depths(spec)
-        nodes = np.empty((spec.width, state.shape[0]), dtype=state.dtype)
         rule = self.rule if tau_now is None else replace(self.rule, tau=tau_now, schedule=None)   # lossy: a Threshold
-        nodes[0] = rule(state, ids1, p1, step, self.mask_id)
+        take = rule.positions(state, p1, step, self.mask_id)       # node 0: the rule's step, commit(S, take)
+        nodes = np.empty((spec.width, state.shape[0]), dtype=state.dtype)
+        nodes[:] = state
+        nodes[0, take] = ids1[take]
+        if spec.width == 1 or not take.size:     # one node, or a full block (nothing to take): every node is S
+            return nodes
+        depths = node_depths(spec)
         for i in range(1, spec.width):
             parent = nodes[spec.parents[i]]
             child, take = self._step(parent, ids1, p1, step + depths[i], spec.kinds[i])

@@ -207,3 +207,57 @@ def test_far_threshold_below_the_threshold_is_refused():
     assert decode_config(strategy="threshold", threshold=0.9, threshold_far=0.9).threshold_far == 0.9
     with pytest.raises(UserError, match="far threshold"):
         decode_config(strategy="threshold", threshold=0.9, threshold_far=0.8)
+
+
+def _positions_reference(rule: Threshold, state, probs, step, mask_id, tau=None):
+    """Threshold.positions as first written (one bar array, the ranking filtered): the vectorised
+    rule must take the same positions in the same order."""
+    ranked = np.flatnonzero(state == mask_id)
+    ranked = ranked[np.argsort(-probs[ranked], kind="stable")]
+    if ranked.size == 0:
+        return ranked
+    t = rule.tau_at(step, int(ranked.size)) if tau is None else tau
+    p = probs[ranked]
+    if rule.lead is None and rule.far is None:
+        return ranked[:max(1, int((p >= t).sum()))]
+    bar = np.full(p.shape, t, dtype=p.dtype)
+    if rule.lead is not None:
+        bar[ranked == ranked.min()] = min(rule.lead, t)
+    if rule.far is None:
+        keep = p >= bar
+    else:
+        below = ranked[p < bar]
+        gap = below.min() if below.size else state.shape[0]
+        keep = ((ranked < gap) & (p >= bar)) | (p >= max(rule.far, t))
+    return ranked[keep] if keep.any() else ranked[:1]
+
+
+def test_threshold_positions_match_the_reference_on_random_states():
+    """Ties, probabilities one float32 step either side of each bar, float32 and float64, draft
+    taus, schedules: the same positions, most confident first."""
+    rng = np.random.default_rng(0)
+    rules = [Threshold(t, s, far, lead) for t in (0.3, 0.7, 0.9, 0.99) for far in (None, 0.7, 0.95, 0.999)
+             for lead in (None, 0.5, 0.7, 0.95)
+             for s in (None, ThresholdSchedule(init=t, decay=0.97, floor=0.6, end_tokens=2))]
+    edges = [y for x in (0.3, 0.5, 0.6, 0.7, 0.9, 0.95, 0.99, 0.999) for f in [np.float32(x)]
+             for y in (f, np.nextafter(f, np.float32(0)), np.nextafter(f, np.float32(1)))]
+    for i in range(6000):
+        n = int(rng.integers(1, 12))
+        state = np.where(rng.random(n) < 0.6, M, rng.integers(0, 50, n)).astype(np.int64)
+        dtype = np.float64 if i % 5 == 0 else np.float32
+        probs = rng.choice(np.array(edges + list(rng.random(4)), dtype=dtype), n)
+        rule, step = rules[i % len(rules)], int(rng.integers(0, 5))
+        tau = None if i % 3 else float(rng.choice([0.5, 0.9, 0.99]))
+        want = _positions_reference(rule, state, probs, step, M, tau)
+        got = rule.positions(state, probs, step, M, tau)
+        assert got.dtype == want.dtype and got.tolist() == want.tolist(), (rule, state.tolist(), probs.tolist(), tau)
+
+
+def test_drafter_full_block_every_node_is_the_state():
+    """A row whose block is full (waiting for the others) drafts its state at every node."""
+    s = np.array([1, 2, 3, 4])
+    top_ids, top_p = np.array([[5, 6]] * 4), np.array([[0.9, 0.1]] * 4)
+    for rule in (Vanilla(1), Threshold(0.9, far=0.99, lead=0.5)):
+        for preset in ("chain", "binary", "wide", "fork"):
+            nodes = Drafter(rule, M).draft(make_tree(preset, 4), s, top_ids, top_p, 0)
+            assert nodes.tolist() == [s.tolist()] * 4

@@ -63,3 +63,86 @@ def test_ids_within():
     assert ids_within(TOK.decode, ids, "a€", 0) == 4
     assert ids_within(TOK.decode, ids[:3], "a", 0) == 1     # "a\ufffd" is no prefix of "a"
     assert ids_within(TOK.decode, ids, "", 0) == 0
+
+
+def _reference_update(state: dict, decode, eos_id, stop, budget, ids):
+    """RowText.update as docs/streaming.md states it: every id decoded again at every update."""
+    text = decode(ids)
+    cut = stop_at(text, stop)
+    if cut is not None:
+        reason, text = "stop", text[:cut]
+    elif eos_id in ids:
+        reason = "eos"
+    else:
+        reason = "length" if len(ids) >= budget else None
+    if reason is None:
+        text = text[:len(text) - held_back(text, stop)]
+    n = len(ids) if reason in ("eos", "length") else ids_within(decode, ids, text, state["sent"])
+    delta, new = text[len(state["text"]):], ids[state["sent"]:n]
+    state.update(text=text, sent=n)
+    return delta, new, reason
+
+
+def _random_ids(rng, n: int) -> list[int]:
+    """Bytes of ASCII, multi-byte and broken UTF-8, now and then EOS or another special id."""
+    pool = b("ab E\nEN€é") + [0x80, 0xE2, 0x82, 0xF0, 0x9F, 0xFF]
+    return [TOK.EOS if rng.random() < 0.03 else TOK.MASK if rng.random() < 0.02 else int(rng.choice(pool))
+            for _ in range(n)]
+
+
+def test_byte_text_is_decode_of_every_prefix():
+    import numpy as np
+    rng = np.random.default_rng(0)
+    for _ in range(3000):
+        ids = _random_ids(rng, int(rng.integers(0, 24)))
+        text, at = TOK.incremental(), 0
+        for k in sorted(rng.choice(len(ids) + 1, size=min(3, len(ids) + 1), replace=False).tolist()) + [len(ids)]:
+            text.extend(ids[at:k])
+            at = k
+            assert text.text == TOK.decode(ids[:k])
+        for start in range(len(ids) + 1):       # within: the prefix counts whose text lies in a given prefix
+            for cut in {len(text.text), len(text.text) // 2, max(len(text.text) - 1, 0)}:
+                assert text.within(text.text[:cut], start) == ids_within(TOK.decode, ids, text.text[:cut], start)
+
+
+def test_incremental_and_full_decoding_make_the_reference_chunks():
+    """Random rows grown a few ids at a time, with stop strings (multi-byte, overlapping) and
+    budgets: the byte tokenizer's incremental text and a plain decode give the reference's
+    updates, update for update."""
+    import numpy as np
+    rng = np.random.default_rng(1)
+    stops = [(), ("END",), ("\n",), ("EN", "€"), ("é!", "b E"), ("aa",)]
+    for _ in range(2000):
+        ids = _random_ids(rng, int(rng.integers(1, 40)))
+        stop, budget = stops[int(rng.integers(len(stops)))], int(rng.integers(1, 45))
+        rows = [RowText(TOK.decode, TOK.EOS, stop, budget), RowText(TOK.incremental(), TOK.EOS, stop, budget)]
+        ref, n = {"text": "", "sent": 0}, 0
+        while n < len(ids):
+            n = min(len(ids), n + int(rng.integers(1, 5)))
+            want = _reference_update(ref, TOK.decode, TOK.EOS, stop, budget, ids[:n])
+            assert [t.update(ids[:n]) for t in rows] == [want, want], (ids, stop, budget, n)
+            if want[2]:
+                break
+
+
+def test_row_text_decodes_each_id_once():
+    """The loop's row text takes only the ids new since the last update (its cost per forward
+    follows the new tokens, not the row's length)."""
+    class Counting:
+        def __init__(self):
+            self.inner, self.fed = TOK.incremental(), 0
+            self.text, self.settled = "", 0
+
+        def extend(self, ids):
+            self.fed += len(ids)
+            self.inner.extend(ids)
+            self.text, self.settled = self.inner.text, self.inner.settled
+
+        def within(self, text, start):
+            return self.inner.within(text, start)
+
+    counting = Counting()
+    t, ids = RowText(counting, TOK.EOS, ("zz",), budget=1000), b("héllo wörld, " * 20)
+    out = feed(t, ids)
+    assert counting.fed == len(ids)
+    assert "".join(d for d, _, _ in out) == TOK.decode(ids) and sum((i for _, i, _ in out), []) == ids

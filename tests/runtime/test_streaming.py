@@ -105,3 +105,15 @@ def test_closing_the_stream_cancels_and_the_runtime_stays_usable(ort, prompts):
 def test_stream_checks_before_the_first_chunk(ort):
     with pytest.raises(UserError, match="empty prompt"):
         ort.stream([""])
+
+
+def test_rows_text_is_decoded_incrementally(ort, prompts, monkeypatch):
+    """With the byte tokenizer the loop never decodes a row's ids from the start: its text
+    grows by the new ids only (ByteTokenizer.incremental), with the same chunks."""
+    from dllm_deploy.models.tokenizer import ByteTokenizer
+    kw = {"strategy": "threshold", "gen_length": GEN, "stop": ["\n\n"]}
+    want = [(r.text, r.token_ids, r.finish_reason) for r in ort.generate(prompts, **kw)]
+    calls = []
+    monkeypatch.setattr(ByteTokenizer, "decode", lambda self, ids: calls.append(len(ids)) or "")
+    assert [(r.text, r.token_ids, r.finish_reason) for r in ort.generate(prompts, **kw)] == want
+    assert calls == []
