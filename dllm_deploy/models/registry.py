@@ -93,7 +93,6 @@ class Family:
     architectures: tuple = ()                   # config.json "architectures" entries it accepts
     module: str | Callable = "dllm_deploy.models.transformer:DLLM"   # DLLMConfig -> nn.Module ("pkg.mod:Class": lazy)
     kv_shapes: Callable = uniform_kv            # DLLMConfig -> [(Hkv, D)] per layer
-    about: str = ""                             # one line for `families` listings and errors
 
     def build(self, cfg):
         """The family's module for ``cfg`` (torch imported here, by the module's own file)."""

@@ -52,5 +52,5 @@ NAMES = dd.NameMap(pairs=(
 
 FAMILY = dd.register_family(dd.Family(
     name="toy_llada", model_types=("toy_llada",), config=config, capabilities=lambda cfg: bidirectional(),
-    names=NAMES, module=build, kv_shapes=kv_shapes, about="a LLaDA variant with multi-query odd layers"),
+    names=NAMES, module=build, kv_shapes=kv_shapes),
     replace=True)

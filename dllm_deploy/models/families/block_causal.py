@@ -28,5 +28,4 @@ def config(raw: dict, source: str) -> DLLMConfig:
 
 FAMILY = Family(name="block_causal", model_types=("sdar", "fast_dllm_v2", "fast_dllm_qwen", "dllm_block"),
                 architectures=("SDARForCausalLM", "Fast_dLLM_QwenForCausalLM"), config=config,
-                capabilities=lambda cfg: block_causal(),
-                about="block-causal (SDAR, Fast-dLLM v2, the bundled tiny dLLM): exact KV per block")
+                capabilities=lambda cfg: block_causal())

@@ -20,5 +20,4 @@ def config(raw: dict, source: str) -> DLLMConfig:
 
 
 FAMILY = Family(name="dream", model_types=("dream",), architectures=("DreamModel",), config=config,
-                capabilities=lambda cfg: bidirectional(shift_logits=True),
-                about="Dream: Qwen2 names, bidirectional attention, shifted logits")
+                capabilities=lambda cfg: bidirectional(shift_logits=True))

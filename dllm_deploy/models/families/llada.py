@@ -41,5 +41,4 @@ def config(raw: dict, source: str) -> DLLMConfig:
 
 
 FAMILY = Family(name="llada", model_types=("llada",), architectures=("LLaDAModelLM",), config=config,
-                capabilities=lambda cfg: bidirectional(), names=NAMES,
-                about="LLaDA: OLMo-style names, bidirectional attention")
+                capabilities=lambda cfg: bidirectional(), names=NAMES)
