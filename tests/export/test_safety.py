@@ -190,9 +190,12 @@ def test_a_second_writer_fails_in_one_line_while_the_lock_is_held(model, tmp_pat
 
 
 def _start_export(model: Path, out: Path) -> subprocess.Popen:
-    """A CLI export in a subprocess, returned once its scratch folder exists."""
+    """A CLI export in a subprocess, returned once its scratch folder exists. Three precision
+    variants keep it writing for several seconds after that (fp32 alone ends about 2 s later, and a
+    signal sent from a busy test machine could arrive after the export had ended)."""
     p = subprocess.Popen([sys.executable, "-m", "dllm_deploy.cli", "export", "--model", str(model), "--out", str(out),
-                          "--json"], env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                          "--precision", "fp32,int8,int4", "--json"], env=ENV, stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True)
     deadline = time.time() + 60
     while not any((s / fsio.MARKER).exists() for s in scratch_folders(out)):
         assert p.poll() is None and time.time() < deadline, "export ended before writing its scratch folder"
