@@ -27,6 +27,16 @@ LAYOUT_CONFIGS = {
                      "eos_token_id": 298, "block_size": 8, "max_position_embeddings": 256, "head_dim": 16},
 }
 
+# mixture-of-experts layouts (tests/models/test_moe.py, tests/cpp/test_moe_decode.py): E 8, k 2
+MOE_CONFIGS = {
+    "sdar_moe": {"model_type": "sdar_moe", "architectures": ["SDARMoeForCausalLM"], "hidden_size": 64,
+                 "num_attention_heads": 4, "num_key_value_heads": 2, "num_hidden_layers": 2, "intermediate_size": 96,
+                 "moe_intermediate_size": 32, "num_experts": 8, "num_experts_per_tok": 2, "norm_topk_prob": True,
+                 "vocab_size": 300, "mask_token_id": 299, "eos_token_id": 298, "block_size": 4,
+                 "max_position_embeddings": 256, "head_dim": 16, "rope_theta": 10000.0, "rms_norm_eps": 1e-6},
+}
+
+
 def write_checkpoint(folder: Path, layout: str, sharded: bool = False, seed: int = 0, config: dict | None = None) -> Path:
     """A tiny random checkpoint in the layout's own tensor names and config keys (``config``: keys
     that replace the layout's, e.g. a vocabulary for a tokenizer.json beside it)."""

@@ -18,6 +18,7 @@ from ..errors import UserError, file_error
 _FIELD_TYPES = {"int": Integral, "float": Real, "str": str, "bool": bool}
 _SIZES = ("vocab_size", "hidden_size", "num_layers", "num_heads", "num_kv_heads", "intermediate_size",
           "mask_token_id", "eos_token_id", "pad_token_id", "head_dim", "max_seq", "block_size")
+_COUNTS = ("num_experts", "experts_per_token", "expert_size", "shared_expert_size", "dense_layers")
 
 
 @dataclass
@@ -43,14 +44,43 @@ class DLLMConfig:
     tie_word_embeddings: bool = False  # LM head shares the embedding matrix
     shift_logits: bool = False       # logits at i-1 predict token i (Dream); undone in forward()
     model_type: str = ""             # the checkpoint's own model_type string
+    # mixture of experts (docs/moe.md); num_experts 0: every layer has a dense SwiGLU MLP
+    num_experts: int = 0             # routed experts per MoE layer (E)
+    experts_per_token: int = 0       # experts each token is routed to (k)
+    expert_size: int = 0             # SwiGLU width of one routed expert
+    shared_expert_size: int = 0      # SwiGLU width of the shared expert(s) every token also runs; 0: none
+    dense_layers: int = 0            # the first layers keep a dense MLP of intermediate_size (LLaDA 2.x)
+    router: str = "softmax"          # "softmax" (Qwen3-MoE) | "sigmoid" (LLaDA 2.x: a per-expert bias added to choose, not to weigh)
+    router_groups: int = 1           # experts fall into this many groups of E / groups ...
+    router_topk_groups: int = 1      # ... and a token's experts come from its best this many groups
+    normalize_routing: bool = True   # the k routing weights rescaled to sum to 1
+    routing_scale: float = 1.0       # the routed experts' sum multiplied by this (routed_scaling_factor)
 
     def __post_init__(self) -> None:
         if self.head_dim == 0:
             self.head_dim = self.hidden_size // self.num_heads
         if not self.layout:
             raise UserError("a model config needs its family ('layout')")
+        if self.num_experts:
+            self._check_moe()
         if self.num_heads % self.num_kv_heads:
             raise UserError(f"num_heads {self.num_heads} is not a multiple of num_kv_heads {self.num_kv_heads}")
+
+    def _check_moe(self) -> None:
+        e, k, g = self.num_experts, self.experts_per_token, self.router_groups
+        if not 1 <= k <= e:
+            raise UserError(f"experts_per_token {k} must be in [1, num_experts {e}]")
+        if self.expert_size < 1:
+            raise UserError("a mixture-of-experts model needs expert_size (moe_intermediate_size) >= 1")
+        if self.router not in ("softmax", "sigmoid"):
+            raise UserError(f"unknown router score function {self.router!r} (softmax or sigmoid)")
+        if g < 1 or e % g or not 1 <= self.router_topk_groups <= g or k > self.router_topk_groups * (e // g):
+            raise UserError(f"router groups: {e} experts in {g} groups, {self.router_topk_groups} kept, "
+                            f"cannot give {k} experts a token")
+
+    def moe_layer(self, i: int) -> bool:
+        """Layer ``i`` routes its tokens to experts (else: a dense MLP of intermediate_size)."""
+        return self.num_experts > 0 and i >= self.dense_layers
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -69,6 +99,8 @@ class DLLMConfig:
                 raise UserError(f"{source}: {k!r} must be {fields[k].type}, got {v!r}")
             if k in _SIZES and v < (0 if k == "head_dim" else 1):
                 raise UserError(f"{source}: {k!r} must be positive, got {v}")
+            if k in _COUNTS and v < 0:
+                raise UserError(f"{source}: {k!r} must be >= 0, got {v}")
         return cls(**{k: v for k, v in d.items() if k in fields})
 
     @classmethod

@@ -5,6 +5,7 @@ Dimension legend
     P  cached prefix tokens            S  P + T, keys a new token may attend
     C  hidden size                     V  vocabulary
     H  query heads   Hkv  key/value heads   D  head dim   F  SwiGLU width
+A layer's MLP is a dense SwiGLU or, in a mixture-of-experts model, models/moe.py's MoE.
 
 Every forward is explicit about what it attends: the boolean ``attention_mask`` (B,1,T,S) is an
 input (True = may attend), positions come in as ``position_ids`` (B,T), and the per-layer KV
@@ -19,6 +20,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .config import DLLMConfig
+from .moe import MOE_FORMS, MoE, SwiGLU
 
 
 class RMSNorm(nn.Module):
@@ -133,30 +135,20 @@ class Attention(nn.Module):
         return self.o_proj(reshape(out, 0, -1, h * d)), k, v
 
 
-class MLP(nn.Module):
+class MLP(SwiGLU):
+    """The dense SwiGLU MLP of intermediate_size."""
+
     def __init__(self, cfg: DLLMConfig):
-        super().__init__()
-        self.gate_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
-        self.up_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
-        self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
-        self.width = cfg.intermediate_size
-
-    fused = False   # gate and up in one product (the exported graph's form); set by DLLM.set_attention
-
-    def forward(self, x):
-        if self.fused:
-            gate, up = F.linear(x, torch.cat([self.gate_proj.weight, self.up_proj.weight])).split([self.width] * 2, -1)
-            return self.down_proj(F.silu(gate) * up)
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        super().__init__(cfg.hidden_size, cfg.intermediate_size)
 
 
 class Layer(nn.Module):
-    def __init__(self, cfg: DLLMConfig):
+    def __init__(self, cfg: DLLMConfig, index: int = 0):
         super().__init__()
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.self_attn = Attention(cfg)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.mlp = MLP(cfg)
+        self.mlp = MoE(cfg) if cfg.moe_layer(index) else MLP(cfg)
 
     def forward(self, x, cos, sin, mask, past_k, past_v):
         a, k, v = self.self_attn(self.input_layernorm(x), cos, sin, mask, past_k, past_v)
@@ -169,7 +161,7 @@ class Backbone(nn.Module):
     def __init__(self, cfg: DLLMConfig):
         super().__init__()
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
-        self.layers = nn.ModuleList([Layer(cfg) for _ in range(cfg.num_layers)])
+        self.layers = nn.ModuleList([Layer(cfg, i) for i in range(cfg.num_layers)])
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
 
@@ -197,7 +189,18 @@ class DLLM(nn.Module):
         assert impl in ("sdpa", "eager"), impl
         for layer in self.model.layers:
             layer.self_attn.impl = impl
-            layer.mlp.fused = impl == "eager"
+        for m in self.modules():
+            if isinstance(m, SwiGLU):
+                m.fused = impl == "eager"
+        return self
+
+    def set_moe_form(self, form: str) -> "DLLM":
+        """How the routed experts run (models/moe.py): "gather" (standard operators) or "contrib"
+        (ONNX Runtime's com.microsoft.MoE); the same function either way."""
+        assert form in MOE_FORMS, form
+        for m in self.modules():
+            if isinstance(m, MoE):
+                m.form = form
         return self
 
     def empty_past(self, batch: int, device=None, dtype=torch.float32):

@@ -1,0 +1,126 @@
+"""The mixture-of-experts MLP: router -> top-k -> routed SwiGLU experts (+ shared experts).
+
+Dimension legend
+    N  tokens (B * T, flattened)     C  hidden size     E  routed experts     k  experts per token
+    G  router groups                 F  one expert's SwiGLU width
+
+Two routers (``DLLMConfig.router``), each computed in fp32:
+- ``softmax`` (Qwen3-MoE, SDAR-MoE): p = softmax(gate(x)); the k largest p; renormalised to sum 1
+  when ``normalize_routing``.
+- ``sigmoid`` (LLaDA 2.x, DeepSeek-V3's router): s = sigmoid(gate(x)); experts are *chosen* by
+  s + expert_bias, limited to the best ``router_topk_groups`` of G groups (a group scores the sum
+  of its two best biased scores), and *weighed* by s alone, renormalised when
+  ``normalize_routing``; then times ``routing_scale``.
+
+The routed experts run in one of two forms that compute the same function (``MoE.form``, set for
+the whole model by ``DLLM.set_moe_form``):
+- ``gather``: tokens gathered per expert (a NonZero per expert, the expert's SwiGLU on those rows,
+  added back with ScatterElements): standard ONNX operators, for TensorRT and every provider;
+- ``contrib``: ONNX Runtime's ``com.microsoft.MoE`` operator over the experts' stacked weights
+  (export/moe_op.py builds the node), fed routing weights computed by the router above.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .config import DLLMConfig
+
+MOE_FORMS = ("gather",)
+
+
+class SwiGLU(nn.Module):
+    """down(silu(gate(x)) * up(x)), width F (the dense MLP, one expert, the shared experts)."""
+
+    fused = False   # gate and up in one product (the exported graph's form); set by DLLM.set_attention
+
+    def __init__(self, hidden: int, width: int):
+        super().__init__()
+        self.gate_proj = nn.Linear(hidden, width, bias=False)
+        self.up_proj = nn.Linear(hidden, width, bias=False)
+        self.down_proj = nn.Linear(width, hidden, bias=False)
+        self.width = width
+
+    def forward(self, x):
+        if self.fused:
+            gate, up = F.linear(x, torch.cat([self.gate_proj.weight, self.up_proj.weight])).split([self.width] * 2, -1)
+            return self.down_proj(F.silu(gate) * up)
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class Router(nn.Module):
+    """gate(x) -> (weights (N,k) fp32, expert ids (N,k) int64)."""
+
+    def __init__(self, cfg: DLLMConfig):
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(cfg.num_experts, cfg.hidden_size))       # (E,C)
+        self.expert_bias = nn.Parameter(torch.zeros(cfg.num_experts)) if cfg.router == "sigmoid" else None
+        self.cfg = cfg
+
+    def forward(self, x):
+        c = self.cfg
+        logits = F.linear(x.float(), self.weight.float())                               # (N,E)
+        if c.router == "softmax":
+            scores = torch.softmax(logits, dim=-1)
+            weights, ids = torch.topk(scores, c.experts_per_token, dim=-1)              # (N,k)
+        else:
+            scores = torch.sigmoid(logits)
+            choice = scores + self.expert_bias.float()
+            if c.router_groups > 1:
+                choice = self._limit_groups(choice)
+            ids = torch.topk(choice, c.experts_per_token, dim=-1).indices               # (N,k)
+            weights = scores.gather(-1, ids)
+        if c.normalize_routing:
+            weights = weights / (weights.sum(-1, keepdim=True) + (1e-20 if c.router == "sigmoid" else 0.0))
+        return weights * c.routing_scale, ids
+
+    def _limit_groups(self, choice):
+        """``choice`` (N,E) with the experts outside a token's best groups at -inf."""
+        c = self.cfg
+        g = c.router_groups
+        grouped = choice.reshape(choice.shape[0], g, -1)                               # (N,G,E/G)
+        group_score = grouped.topk(2, dim=-1).values.sum(-1)                             # (N,G)
+        best = group_score.topk(c.router_topk_groups, dim=-1).indices                   # (N,topk_groups)
+        keep = torch.zeros_like(group_score).scatter(1, best, 1.0) > 0                   # (N,G)
+        return grouped.masked_fill(~keep[..., None], float("-inf")).reshape(choice.shape)
+
+
+class MoE(nn.Module):
+    form = "gather"   # or "contrib" (module docstring); set for the whole model by DLLM.set_moe_form
+
+    def __init__(self, cfg: DLLMConfig):
+        super().__init__()
+        self.gate = Router(cfg)
+        self.experts = nn.ModuleList(SwiGLU(cfg.hidden_size, cfg.expert_size) for _ in range(cfg.num_experts))
+        self.shared_experts = SwiGLU(cfg.hidden_size, cfg.shared_expert_size) if cfg.shared_expert_size else None
+        self.k = cfg.experts_per_token
+
+    def forward(self, x):
+        shape = x.shape
+        flat = x.reshape(-1, shape[-1])                                                  # (N,C)
+        weights, ids = self.gate(flat)                                                   # (N,k)
+        if torch.jit.is_tracing() or torch.onnx.is_in_onnx_export():
+            out = self._gathered(flat, weights, ids, range(len(self.experts)))
+        else:   # eager torch: only the experts some token chose
+            out = self._gathered(flat, weights, ids, ids.unique().tolist())
+        if self.shared_experts is not None:
+            out = out + self.shared_experts(flat)
+        return out.reshape(shape)
+
+    def _gathered(self, flat, weights, ids, experts):
+        """sum over the chosen experts e of weight * expert_e(x), each expert on its tokens only
+        (a token chooses an expert at most once, so the rows an expert adds to are distinct)."""
+        out = torch.zeros_like(flat)                                                     # (N,C)
+        slots = weights.reshape(-1).to(flat.dtype)                                       # (N*k,)
+        for e in experts:
+            tok, slot = torch.where(ids == e)                                            # (n_e,) each
+            y = self.experts[e](flat.index_select(0, tok))                               # (n_e,C)
+            y = y * slots.index_select(0, tok * self.k + slot)[:, None]
+            out = out.scatter_add(0, tok[:, None].expand(-1, flat.shape[-1]), y)
+        return out
+
+    def stacked(self):
+        """The experts' weights stacked: gate|up (E,2F,C) and down (E,C,F), as the contrib op reads them."""
+        up = torch.stack([torch.cat([e.gate_proj.weight, e.up_proj.weight]) for e in self.experts])
+        return up, torch.stack([e.down_proj.weight for e in self.experts])
