@@ -141,7 +141,7 @@ def cmd_export(a) -> int:
     res = export(model=a.model, out=a.out, precisions=[p.strip() for p in a.precision.split(",") if p.strip()],
                  block_length=a.block_length, max_beam_width=a.max_beam_width, opset=a.opset, force=a.force, log=log,
                  int4_block_size=a.int4_block_size, int4_symmetric=a.int4_symmetric, sample_pool=a.sample_pool,
-                 int8_smooth=a.int8_smooth, int8_calibration=a.int8_calibration,
+                 int8_smooth=a.int8_smooth, int8_calibration=a.int8_calibration, moe_form=a.moe_form,
                  int8_fp32=[] if a.int8_fp32.strip() == "none" else [x.strip() for x in a.int8_fp32.split(",") if x.strip()])
     if a.json:
         print(json.dumps(res))
@@ -556,6 +556,10 @@ def build_parser() -> argparse.ArgumentParser:
     x.add_argument("--int8-calibration", default=None, metavar="FILE",
                    help="int8: texts (one per line) the smoothing is calibrated on (default: 32 task prompts with "
                         "their answers; use your own for a real model)")
+    x.add_argument("--moe-form", choices=["contrib", "gather"], default="contrib",
+                   help="mixture-of-experts models: the routed experts as ONNX Runtime's com.microsoft.MoE operator "
+                        "(contrib, default) or in standard operators, tokens gathered per expert (gather: TensorRT and "
+                        "other providers); docs/moe.md")
     x.add_argument("--block-length", type=int, default=None, help="block length L (default: the model's)")
     x.add_argument("--max-beam-width", type=int, default=8, help="largest W the artifact is checked for")
     x.add_argument("--sample-pool", type=int, default=None,

@@ -34,6 +34,20 @@ MOE_CONFIGS = {
                  "moe_intermediate_size": 32, "num_experts": 8, "num_experts_per_tok": 2, "norm_topk_prob": True,
                  "vocab_size": 300, "mask_token_id": 299, "eos_token_id": 298, "block_size": 4,
                  "max_position_embeddings": 256, "head_dim": 16, "rope_theta": 10000.0, "rms_norm_eps": 1e-6},
+    # layer 0 dense; 4 groups of 2 experts, 2 groups kept; half of each head rotated
+    "llada2": {"model_type": "llada2_moe", "architectures": ["LLaDA2MoeModelLM"], "hidden_size": 64,
+               "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16, "num_hidden_layers": 3,
+               "intermediate_size": 96, "moe_intermediate_size": 32, "num_experts": 8, "num_experts_per_tok": 2,
+               "num_shared_experts": 1, "first_k_dense_replace": 1, "n_group": 4, "topk_group": 2,
+               "score_function": "sigmoid", "moe_router_enable_expert_bias": True, "norm_topk_prob": True,
+               "routed_scaling_factor": 2.5, "partial_rotary_factor": 0.5, "rope_theta": 600000.0,
+               "vocab_size": 300, "mask_token_id": 299, "eos_token_id": 298, "pad_token_id": 298, "block_size": 8,
+               "max_position_embeddings": 256, "rms_norm_eps": 1e-6, "tie_word_embeddings": False},
+    "llada_moe": {"model_type": "llada", "architectures": ["LLaDAMoEModelLM"], "hidden_size": 64,
+                  "num_attention_heads": 4, "num_key_value_heads": 4, "num_hidden_layers": 2,
+                  "expert_intermediate_size": 32, "dense_intermediate_size": 96, "num_experts": 8,
+                  "num_experts_per_tok": 2, "qk_layernorm": True, "rope_theta": 50000.0, "vocab_size": 300,
+                  "mask_token_id": 299, "eos_token_id": 298, "pad_token_id": 298, "max_position_embeddings": 256},
 }
 
 

@@ -270,6 +270,20 @@ Manifest read_manifest(const std::string& folder_in, const std::string& precisio
   out.model.num_heads = r.integer(model, "num_heads", "model.num_heads");
   out.model.block_size = r.integer(model, "block_size", "model.block_size");
   out.model.tie_word_embeddings = r.flag(model, "tie_word_embeddings", "model.tie_word_embeddings");
+  for (auto [key, field] : {std::pair{"qk_norm", &out.model.qk_norm}, std::pair{"qkv_bias", &out.model.qkv_bias}})
+    if (find(model, key)) *field = r.flag(model, key, std::string("model.") + key);
+  for (auto [key, field] : {std::pair{"num_experts", &out.model.num_experts},
+                            std::pair{"experts_per_token", &out.model.experts_per_token},
+                            std::pair{"expert_size", &out.model.expert_size},
+                            std::pair{"shared_expert_size", &out.model.shared_expert_size},
+                            std::pair{"dense_layers", &out.model.dense_layers}}) {
+    if (!find(model, key)) continue;
+    *field = r.integer(model, key, std::string("model.") + key);
+    if (*field < 0) r.corrupt(std::string("'model.") + key + "' must be >= 0");
+  }
+  if (out.model.num_experts && (out.model.experts_per_token < 1 || out.model.expert_size < 1))
+    r.corrupt("a mixture-of-experts model needs experts_per_token and expert_size >= 1");
+  if (const Json* router = find(model, "router")) out.model.router_bias = router->is_string() && *router == "sigmoid";
   for (int dim : {out.model.vocab_size, out.model.hidden_size, out.model.intermediate_size, out.model.num_layers,
                   out.model.num_heads, out.model.num_kv_heads, out.model.head_dim, out.model.block_size,
                   out.model.max_seq})

@@ -30,6 +30,15 @@ struct ModelConfig {
   int pad_token_id = 0;
   int max_seq = 0;             // longest prompt + generation (tokens)
   std::vector<std::pair<int, int>> kv_shapes;  // (Hkv, D) per layer (the manifest's kv_shapes)
+  bool qk_norm = false;        // per-head q/k norms (D parameters each)
+  bool qkv_bias = false;       // q/k/v biases
+  // mixture of experts (models/moe.py; 0 experts: dense): what the memory model counts
+  int num_experts = 0;         // E routed experts per MoE layer, all resident
+  int experts_per_token = 0;   // k, the active set
+  int expert_size = 0;         // one expert's SwiGLU width
+  int shared_expert_size = 0;  // the shared experts' width (0: none)
+  int dense_layers = 0;        // the first layers keep a dense MLP
+  bool router_bias = false;    // a sigmoid router's per-expert bias (E parameters)
 };
 
 // What the model's family can do (models/capabilities.py): asked instead of its name.

@@ -33,10 +33,12 @@ from ..artifact import MANIFEST, SAMPLING_NOISE, write_manifest
 from ..artifact.fsio import clean_stale, lock_target, remove_temp_dir, replace_dir, temp_dir
 from ..errors import UserError
 from ..models.exclusion import excluded_ids
+from ..models.config import MOE_FORMS
 from ..models.registry import get_family
 from ..models.sampling import default_pool
 from ..profiles.memory import INT8_FP32_DEFAULT
 from .graphs import GRAPHS, dynamic_axes, io_names
+from .moe_quant import quantize_experts
 from .smooth import DEFAULT_ALPHA, calibration_texts, input_ranges, smooth_
 
 PRECISIONS = ("fp32", "fp16", "int8", "int4")
@@ -46,6 +48,9 @@ PRECISIONS = ("fp32", "fp16", "int8", "int4")
 # weights (checkpoints/tiny-core))
 INT8_PRODUCTS = {"qkv": r"/self_attn/MatMul$", "o_proj": r"/o_proj/MatMul$", "gate_up": r"/mlp/MatMul$",
                  "down_proj": r"/down_proj/MatMul$", "lm_head": r"/lm_head/MatMul$"}
+# a mixture-of-experts router's product: never quantized (its weights are few, and a rounded score
+# can route a token to other experts)
+ROUTER = r"/mlp/gate/MatMul$"
 QUANTIZED = ("int8", "int4")          # weight-only: top-1 may differ from fp32; parity reports, never fails
 DEFAULT_OPSET = 17
 TOPK = 2
@@ -60,7 +65,8 @@ def _export_graph(module, args, names: dict, axes: dict, opset: int, path: Path)
     with torch.no_grad():
         torch.onnx.export(module, args, str(path), input_names=names["inputs"], output_names=names["outputs"],
                           dynamic_axes={k: v for k, v in axes.items() if k in names["inputs"] + names["outputs"]},
-                          opset_version=opset, dynamo=False, do_constant_folding=True)
+                          opset_version=opset, dynamo=False, do_constant_folding=True,
+                          custom_opsets={"com.microsoft": 1})
     return onnx.load(str(path), load_external_data=False)
 
 
@@ -185,7 +191,7 @@ def export(model: str = "tiny", out: str | Path = "artifact", precisions=("fp32"
            max_beam_width: int = 8, opset: int = DEFAULT_OPSET, force: bool = False, log=print,
            int4_block_size: int = 32, int4_symmetric: bool = True, sample_pool: int | None = None,
            int8_smooth: float = DEFAULT_ALPHA, int8_calibration: str | Path | None = None,
-           int8_fp32=INT8_FP32_DEFAULT, int8_per_channel: bool = True) -> dict:
+           int8_fp32=INT8_FP32_DEFAULT, int8_per_channel: bool = True, moe_form: str = "contrib") -> dict:
     """Export ``model`` (``tiny`` or a Hugging Face folder) into the artifact folder ``out``.
     ``int4_block_size`` / ``int4_symmetric``: the int4 variant's quantization (MatMulNBits blocks
     along each weight's input dimension; symmetric = no zero points). ``int8_smooth``: the int8
@@ -193,7 +199,9 @@ def export(model: str = "tiny", out: str | Path = "artifact", precisions=("fp32"
     ``int8_calibration`` (default: task prompts); ``int8_fp32``: the products the int8 variant keeps
     in fp32 (names of ``INT8_PRODUCTS``); ``int8_per_channel``: a weight scale per output channel
     (False: one per tensor, ONNX Runtime's default). ``sample_pool``: the P most probable tokens the
-    graphs sample from (default min(vocabulary, 64))."""
+    graphs sample from (default min(vocabulary, 64)). ``moe_form``: how a mixture-of-experts model's
+    routed experts are exported, "contrib" (ONNX Runtime's com.microsoft.MoE) or "gather" (standard
+    operators; models/moe.py)."""
     from ..models.loading import load_model, resolve_model_dir
     from ..models.tokenizer import load_tokenizer
 
@@ -205,6 +213,8 @@ def export(model: str = "tiny", out: str | Path = "artifact", precisions=("fp32"
         precisions.insert(0, "fp32")
     if max_beam_width < 1:
         raise UserError("--max-beam-width must be >= 1")
+    if moe_form not in MOE_FORMS:
+        raise UserError(f"--moe-form must be one of {', '.join(MOE_FORMS)}, got {moe_form!r}")
     if int4_block_size < 16 or int4_block_size & (int4_block_size - 1):
         raise UserError(f"--int4-block-size must be a power of two >= 16 (got {int4_block_size})")
     if isinstance(int8_smooth, bool) or not isinstance(int8_smooth, (int, float)) or not 0 <= int8_smooth <= 1:
@@ -235,6 +245,7 @@ def export(model: str = "tiny", out: str | Path = "artifact", precisions=("fp32"
         check_target(out, src, force)       # again: another process may have written it meanwhile
         clean_stale(out)
         module, cfg = load_model(src, attention="eager")
+        module.set_moe_form(moe_form)
         pool = _sample_pool(sample_pool, cfg.vocab_size)
         tok = load_tokenizer(src, cfg.eos_token_id)
         try:
@@ -334,6 +345,7 @@ def _write_artifact(tmp: Path, module, cfg, tok, src: Path, L: int, precisions: 
                                             "top_k": ["batch"], "top_p": ["batch"],
                                             "top": ["batch", "tokens", TOPK]}} for g in names},
         "sampling": {"pool": pool, "noise": SAMPLING_NOISE},
+        **({"experts": expert_record(cfg, module, files)} if cfg.num_experts else {}),
         "precisions": files, "quantization": quant, "parity": parity_report,
         "created_s": round(time.time() - t0, 1),
     }
@@ -342,6 +354,14 @@ def _write_artifact(tmp: Path, module, cfg, tok, src: Path, L: int, precisions: 
         raise UserError(f"parity check failed: {json.dumps(fp32)}")
     write_manifest(tmp, manifest)
     return files, parity_report
+
+
+def expert_record(cfg, module, files: dict) -> dict:
+    """The manifest's ``experts``: the routing, and per precision the form the routed experts run in
+    (docs/moe.md): "contrib" (com.microsoft.MoE) or "gather" (standard operators)."""
+    form = next(m.form for m in module.modules() if hasattr(m, "form"))
+    return {"num_experts": cfg.num_experts, "experts_per_token": cfg.experts_per_token, "router": cfg.router,
+            "form": {p: form for p in files}}
 
 
 def _trace_graphs(module, cfg, L: int, dtype, opset: int, trace: Path, pool: int) -> tuple[dict, dict]:
@@ -422,10 +442,13 @@ def _int4_variant(fp32_dir: Path, opts: dict) -> dict:
     with _quiet_root_logger():
         from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
         for g in GRAPHS:
-            q = MatMulNBitsQuantizer(onnx.load(str(fp32_dir / f"{g}.onnx")), bits=4, block_size=opts["block_size"],
-                                     is_symmetric=opts["symmetric"], op_types_to_quantize=tuple(opts["op_types"]))
+            model = onnx.load(str(fp32_dir / f"{g}.onnx"))
+            q = MatMulNBitsQuantizer(model, bits=4, block_size=opts["block_size"], is_symmetric=opts["symmetric"],
+                                     op_types_to_quantize=tuple(opts["op_types"]),
+                                     nodes_to_exclude=_matmuls(model.graph, [ROUTER]))
             q.process()
             graphs[g] = q.model.model
+            quantize_experts(graphs[g], 4, opts["block_size"])
     return graphs
 
 
@@ -449,8 +472,13 @@ def _quiet_root_logger():
 
 def int8_kept(graph, products) -> list[str]:
     """The MatMul nodes of ``graph`` (onnx GraphProto) that compute one of ``products`` (names of
-    INT8_PRODUCTS), which the int8 variant leaves in fp32."""
-    pats = [re.compile(INT8_PRODUCTS[p]) for p in products]
+    INT8_PRODUCTS) or a router, which the int8 variant leaves in fp32."""
+    return _matmuls(graph, [INT8_PRODUCTS[p] for p in products] + [ROUTER])
+
+
+def _matmuls(graph, patterns: list[str]) -> list[str]:
+    """The MatMul nodes of ``graph`` whose names match one of ``patterns``."""
+    pats = [re.compile(p) for p in patterns]
     return [n.name for n in graph.node if n.op_type == "MatMul" and any(p.search(n.name) for p in pats)]
 
 
@@ -471,6 +499,7 @@ def _int8_variant(fp32_dirs: dict, sub: Path, opts: dict) -> dict:
                              nodes_to_exclude=kept,
                              op_types_to_quantize=["MatMul"], extra_options={"MatMulConstBOnly": True})
         graphs[g] = onnx.load(str(dst))
+        quantize_experts(graphs[g], 8, None)
         dst.unlink()
         for leftover in sub.glob("*.data"):
             leftover.unlink()

@@ -9,7 +9,9 @@ max|W_j|^(1 - alpha): the product is unchanged, the activation's range is evened
 weights (int8 with a scale per output channel) take part of it.
 
 The division is folded into the op that produces the activation, so the graph gains no operator:
-- q/k/v (one product in the exported graph) and gate/up: into the RMSNorm weight before them;
+- q/k/v (one product in the exported graph) and gate/up: into the RMSNorm weight before them (in a
+  mixture-of-experts layer one scale for every expert, the shared experts and the router, which
+  all read that norm's output);
 - the down-projection: into the up-projection's output rows (gate * up is linear in up);
 - the LM head: into the final norm (not with tied embeddings, where it would rescale them).
 The attention output (o_proj) is left alone: folding it into V would change the KV cache the
@@ -103,6 +105,14 @@ def _scales(x_max, weights, alpha: float):
     return x_max.clamp(min=1e-5).pow(alpha) / w_max.clamp(min=1e-5).pow(1 - alpha)
 
 
+def _swiglus(mlp, name: str) -> list:
+    """(module name, SwiGLU) of a layer's MLP: itself, or a mixture's experts and shared experts."""
+    if not hasattr(mlp, "experts"):
+        return [(name, mlp)]
+    out = [(f"{name}.experts.{e}", x) for e, x in enumerate(mlp.experts)]
+    return out + ([(f"{name}.shared_experts", mlp.shared_experts)] if mlp.shared_experts is not None else [])
+
+
 def smooth_(module, cfg, amax: dict, alpha: float = DEFAULT_ALPHA) -> list[str]:
     """Smooths ``module`` in place (its function is unchanged up to rounding); returns the names
     of the products smoothed."""
@@ -111,17 +121,25 @@ def smooth_(module, cfg, amax: dict, alpha: float = DEFAULT_ALPHA) -> list[str]:
     with torch.no_grad():
         for i, layer in enumerate(module.model.layers):
             a, m, p = layer.self_attn, layer.mlp, f"model.layers.{i}"
-            s = _scales(amax[f"{p}.self_attn.q_proj"], [a.q_proj.weight, a.k_proj.weight, a.v_proj.weight], alpha)
+            qkv = a.qkv_weights()
+            s = _scales(amax[f"{p}.self_attn.{'qkv_proj' if len(qkv) == 1 else 'q_proj'}"], qkv, alpha)
             layer.input_layernorm.weight.div_(s)
-            for w in (a.q_proj.weight, a.k_proj.weight, a.v_proj.weight):
+            for w in qkv:
                 w.mul_(s)
-            s = _scales(amax[f"{p}.mlp.gate_proj"], [m.gate_proj.weight, m.up_proj.weight], alpha)
+            units = _swiglus(m, f"{p}.mlp")                  # (name, SwiGLU) reading the normed input
+            seen = [amax[f"{n}.gate_proj"] for n, _ in units if f"{n}.gate_proj" in amax]
+            s = _scales(torch.stack(seen).amax(0), [w for _, u in units for w in (u.gate_proj.weight, u.up_proj.weight)], alpha)
             layer.post_attention_layernorm.weight.div_(s)
-            for w in (m.gate_proj.weight, m.up_proj.weight):
-                w.mul_(s)
-            s = _scales(amax[f"{p}.mlp.down_proj"], [m.down_proj.weight], alpha)
-            m.up_proj.weight.div_(s[:, None])
-            m.down_proj.weight.mul_(s)
+            for _, u in units:
+                u.gate_proj.weight.mul_(s)
+                u.up_proj.weight.mul_(s)
+            if hasattr(m, "gate"):                           # a router reads the same input
+                m.gate.weight.mul_(s)
+            for n, u in units:
+                if f"{n}.down_proj" in amax:                # (an expert no calibration token chose keeps its scale)
+                    s = _scales(amax[f"{n}.down_proj"], [u.down_proj.weight], alpha)
+                    u.up_proj.weight.div_(s[:, None])
+                    u.down_proj.weight.mul_(s)
             done += [f"{p}.self_attn.qkv", f"{p}.mlp.gate_up", f"{p}.mlp.down_proj"]
         if not cfg.tie_word_embeddings:
             s = _scales(amax["lm_head"], [module.lm_head.weight], alpha)

@@ -18,7 +18,9 @@ from ..errors import UserError, file_error
 _FIELD_TYPES = {"int": Integral, "float": Real, "str": str, "bool": bool}
 _SIZES = ("vocab_size", "hidden_size", "num_layers", "num_heads", "num_kv_heads", "intermediate_size",
           "mask_token_id", "eos_token_id", "pad_token_id", "head_dim", "max_seq", "block_size")
-_COUNTS = ("num_experts", "experts_per_token", "expert_size", "shared_expert_size", "dense_layers")
+# how a mixture-of-experts model's routed experts run in a graph (models/moe.py)
+MOE_FORMS = ("gather", "contrib")
+_COUNTS = ("rotary_dim", "num_experts", "experts_per_token", "expert_size", "shared_expert_size", "dense_layers")
 
 
 @dataclass
@@ -43,6 +45,8 @@ class DLLMConfig:
     qk_norm: bool = False            # per-head RMSNorm on q and k (Qwen3 / SDAR)
     tie_word_embeddings: bool = False  # LM head shares the embedding matrix
     shift_logits: bool = False       # logits at i-1 predict token i (Dream); undone in forward()
+    rotary_dim: int = 0              # RoPE rotates the first rotary_dim dims of each head, the rest pass; 0: all (D)
+    fused_qkv: bool = False          # q|k|v in one projection (qkv_proj), as the checkpoint stores it (LLaDA 2.x)
     model_type: str = ""             # the checkpoint's own model_type string
     # mixture of experts (docs/moe.md); num_experts 0: every layer has a dense SwiGLU MLP
     num_experts: int = 0             # routed experts per MoE layer (E)
@@ -59,6 +63,10 @@ class DLLMConfig:
     def __post_init__(self) -> None:
         if self.head_dim == 0:
             self.head_dim = self.hidden_size // self.num_heads
+        if self.rotary_dim == 0:
+            self.rotary_dim = self.head_dim
+        if self.rotary_dim % 2 or not 0 < self.rotary_dim <= self.head_dim:
+            raise UserError(f"rotary_dim {self.rotary_dim} must be even and in [2, head_dim {self.head_dim}]")
         if not self.layout:
             raise UserError("a model config needs its family ('layout')")
         if self.num_experts:

@@ -25,9 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .config import DLLMConfig
-
-MOE_FORMS = ("gather",)
+from .config import MOE_FORMS, DLLMConfig  # noqa: F401  (MOE_FORMS re-exported)
 
 
 class SwiGLU(nn.Module):
@@ -100,7 +98,9 @@ class MoE(nn.Module):
         shape = x.shape
         flat = x.reshape(-1, shape[-1])                                                  # (N,C)
         weights, ids = self.gate(flat)                                                   # (N,k)
-        if torch.jit.is_tracing() or torch.onnx.is_in_onnx_export():
+        if self.form == "contrib":
+            out = self._contrib(flat, weights, ids)
+        elif torch.jit.is_tracing() or torch.onnx.is_in_onnx_export():
             out = self._gathered(flat, weights, ids, range(len(self.experts)))
         else:   # eager torch: only the experts some token chose
             out = self._gathered(flat, weights, ids, ids.unique().tolist())
@@ -121,6 +121,43 @@ class MoE(nn.Module):
         return out
 
     def stacked(self):
-        """The experts' weights stacked: gate|up (E,2F,C) and down (E,C,F), as the contrib op reads them."""
-        up = torch.stack([torch.cat([e.gate_proj.weight, e.up_proj.weight]) for e in self.experts])
-        return up, torch.stack([e.down_proj.weight for e in self.experts])
+        """The experts' weights as com.microsoft.MoE reads them: fc1 (E,2F,C), gate and up rows
+        interleaved (swiglu_fusion=1: row 2i gate_i, row 2i+1 up_i), and fc2 (E,C,F). Built from
+        the parameters alone, so the exporter's constant folding stores each as one initializer."""
+        fc1 = torch.stack([torch.stack([e.gate_proj.weight, e.up_proj.weight], 1).reshape(-1, e.gate_proj.weight.shape[1])
+                           for e in self.experts])
+        return fc1, torch.stack([e.down_proj.weight for e in self.experts])
+
+    def _contrib(self, flat, weights, ids):
+        """The routed experts as one com.microsoft.MoE node. The op has no input for routing
+        weights: it softmaxes its ``router_probs`` and takes the top k. Fed log(w / S) (-inf off
+        the chosen experts), its softmax is w / S on exactly the chosen k; times S (the weights'
+        sum) after it, that is any router's weights, sigmoid and scaled ones included."""
+        total = weights.sum(-1, keepdim=True)                                            # (N,1) S
+        dense = torch.zeros(flat.shape[0], len(self.experts), dtype=weights.dtype, device=flat.device)
+        log_w = (dense.scatter(1, ids, weights) / total).log().to(flat.dtype)            # (N,E)
+        fc1, fc2 = self.stacked()
+        return _ContribMoE.apply(flat, log_w, fc1.to(flat.dtype), fc2.to(flat.dtype), self.k) * total.to(flat.dtype)
+
+
+class _ContribMoE(torch.autograd.Function):
+    """ONNX Runtime's com.microsoft.MoE (SwiGLU experts, fc1 gate/up interleaved): traced into the
+    one node by ``symbolic``; ``forward`` computes what the node computes, for torch runs and for
+    the exporter's parity check."""
+
+    @staticmethod
+    def forward(ctx, x, router_logits, fc1, fc2, k: int):
+        w, ids = torch.topk(torch.softmax(router_logits.float(), -1), k, dim=-1)                  # (N,k)
+        out = torch.zeros_like(x)
+        for e in ids.unique().tolist():
+            tok, slot = torch.where(ids == e)
+            gate, up = F.linear(x[tok], fc1[e]).view(len(tok), -1, 2).unbind(-1)                # (n_e,F) each
+            out[tok] += F.linear(F.silu(gate) * up, fc2[e]) * w[tok, slot, None].to(x.dtype)
+        return out
+
+    @staticmethod
+    def symbolic(g, x, router_logits, fc1, fc2, k: int):
+        none = g.op("prim::Constant")
+        none.setType(torch._C.NoneType.get())                  # an omitted optional input ('')
+        return g.op("com.microsoft::MoE", x, router_logits, fc1, none, fc2, k_i=k, activation_type_s="swiglu",
+                    swiglu_fusion_i=1, normalize_routing_weights_i=0).setType(x.type())

@@ -23,7 +23,7 @@ from ..errors import UserError
 from .capabilities import Capabilities
 
 # the modules under models/families/ that hold the built-in families, one family each
-BUILTIN = ("llada", "dream", "block_causal", "sdar_moe")
+BUILTIN = ("llada", "dream", "block_causal", "sdar_moe", "llada2", "llada_moe")
 
 _FIELD = re.compile(r"\{(\w+)(?::([\w|]+))?\}")
 
@@ -160,17 +160,18 @@ def get_family(name: str) -> Family:
 
 
 def family_for(raw: dict, source: str = "config.json") -> Family:
-    """The family of a Hugging Face config dict: by model_type, else by an architectures entry."""
+    """The family of a Hugging Face config dict: by an ``architectures`` entry (LLaDA-MoE's config
+    says ``model_type: llada`` as dense LLaDA's does), else by ``model_type``."""
     _builtin()
     from .families import UNSUPPORTED
     model_type = str(raw.get("model_type", "")).lower()
-    if model_type in UNSUPPORTED:
+    archs = raw.get("architectures") or []
+    name = next((_BY_ARCH[a] for a in archs if isinstance(a, str) and a in _BY_ARCH), None) \
+        if isinstance(archs, list) else None
+    if name is None and model_type in UNSUPPORTED:
         raise UserError(f"{source}: model_type {model_type!r} is recognised but not supported "
                         f"({UNSUPPORTED[model_type]})")
-    name = _BY_TYPE.get(model_type)
-    if name is None:
-        archs = raw.get("architectures") or []
-        name = next((_BY_ARCH[a] for a in archs if isinstance(a, str) and a in _BY_ARCH), None)
+    name = name or _BY_TYPE.get(model_type)
     if name is None:
         raise UserError(f"{source}: unknown model_type {raw.get('model_type')!r} (supported: {', '.join(_BY_TYPE)})")
     return _FAMILIES[name]

@@ -42,9 +42,13 @@ def rope_tables(position_ids: torch.Tensor, head_dim: int, theta: float) -> tupl
     return emb.cos(), emb.sin()
 
 
-def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, half: int | None = None) -> torch.Tensor:
-    """``half``: D/2 when known (the exported graph then slices at a constant instead of reading
-    x's shape)."""
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, half: int | None = None,
+               rot: int | None = None) -> torch.Tensor:
+    """``half``: half the rotated width when known (the exported graph then slices at a constant
+    instead of reading x's shape); ``rot``: the rotated width when it is less than D (partial
+    rotary: the dims after it pass unchanged; the tables are rot wide)."""
+    if rot is not None and rot < x.shape[-1]:
+        return torch.cat([apply_rope(x[..., :rot], cos, sin, rot // 2), x[..., rot:]], dim=-1)
     half = x.shape[-1] // 2 if half is None else half
     rot = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
     return x * cos.to(x.dtype) + rot * sin.to(x.dtype)
@@ -75,10 +79,14 @@ class Attention(nn.Module):
     def __init__(self, cfg: DLLMConfig):
         super().__init__()
         self.h, self.hkv, self.d = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+        self.rot = cfg.rotary_dim if cfg.rotary_dim < cfg.head_dim else None
         c = cfg.hidden_size
-        self.q_proj = nn.Linear(c, self.h * self.d, bias=cfg.qkv_bias)
-        self.k_proj = nn.Linear(c, self.hkv * self.d, bias=cfg.qkv_bias)
-        self.v_proj = nn.Linear(c, self.hkv * self.d, bias=cfg.qkv_bias)
+        if cfg.fused_qkv:
+            self.qkv_proj = nn.Linear(c, (self.h + 2 * self.hkv) * self.d, bias=cfg.qkv_bias)
+        else:
+            self.q_proj = nn.Linear(c, self.h * self.d, bias=cfg.qkv_bias)
+            self.k_proj = nn.Linear(c, self.hkv * self.d, bias=cfg.qkv_bias)
+            self.v_proj = nn.Linear(c, self.hkv * self.d, bias=cfg.qkv_bias)
         self.o_proj = nn.Linear(self.h * self.d, c, bias=False)
         if cfg.qk_norm:
             self.q_norm = RMSNorm(self.d, cfg.rms_norm_eps)
@@ -90,26 +98,44 @@ class Attention(nn.Module):
         if self.impl == "eager":
             return self._graph(x, cos, sin, mask, past_k, past_v)
         b, t, _ = x.shape                                                   # training / torch runtime
-        q = self.q_proj(x).view(b, t, self.h, self.d).transpose(1, 2)      # (B,H,T,D)
-        k = self.k_proj(x).view(b, t, self.hkv, self.d).transpose(1, 2)    # (B,Hkv,T,D)
-        v = self.v_proj(x).view(b, t, self.hkv, self.d).transpose(1, 2)    # (B,Hkv,T,D)
+        if hasattr(self, "qkv_proj"):     # each projection a module call (the int8 calibration hooks them)
+            q, k, v = self.qkv_proj(x).split([self.h * self.d, self.hkv * self.d, self.hkv * self.d], dim=-1)
+        else:
+            q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
+        q = q.view(b, t, self.h, self.d).transpose(1, 2)                    # (B,H,T,D)
+        k = k.view(b, t, self.hkv, self.d).transpose(1, 2)                  # (B,Hkv,T,D)
+        v = v.view(b, t, self.hkv, self.d).transpose(1, 2)                  # (B,Hkv,T,D)
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
-        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        q, k = apply_rope(q, cos, sin, rot=self.rot), apply_rope(k, cos, sin, rot=self.rot)
         k = torch.cat([past_k, k], dim=2)                                   # (B,Hkv,S,D)
         v = torch.cat([past_v, v], dim=2)                                   # (B,Hkv,S,D)
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
         out = out.transpose(1, 2).reshape(b, t, self.h * self.d)
         return self.o_proj(out), k, v
 
-    def _projection(self):
-        """One (weight, bias) for q, k and v, with the attention scale 1/sqrt(D) folded into q's
-        rows unless q is normalized first. Built from the parameters alone, so the exporter's
-        constant folding stores it as one initializer."""
-        s = 1.0 if self.q_norm is not None else self.d ** -0.5
-        ws = [self.q_proj.weight * s, self.k_proj.weight, self.v_proj.weight]
+    def qkv_weights(self) -> list:
+        """The projection weights q, k and v are read from: [q, k, v], or [qkv] when fused."""
+        return [self.qkv_proj.weight] if hasattr(self, "qkv_proj") else [self.q_proj.weight, self.k_proj.weight, self.v_proj.weight]
+
+    def qkv(self, q_scale: float = 1.0):
+        """One (weight, bias) for q, k and v (rows q | k | v), q's rows times ``q_scale``."""
+        if hasattr(self, "qkv_proj"):
+            w, b = self.qkv_proj.weight, self.qkv_proj.bias
+            if q_scale == 1.0:
+                return w, b
+            s = torch.ones(w.shape[0], dtype=w.dtype, device=w.device)
+            s[: self.h * self.d] = q_scale
+            return w * s[:, None], None if b is None else b * s
+        ws = [self.q_proj.weight * q_scale, self.k_proj.weight, self.v_proj.weight]
         bs = [self.q_proj.bias, self.k_proj.bias, self.v_proj.bias]
-        return torch.cat(ws), None if bs[0] is None else torch.cat([bs[0] * s, bs[1], bs[2]])
+        return torch.cat(ws), None if bs[0] is None else torch.cat([bs[0] * q_scale, bs[1], bs[2]])
+
+    def _projection(self):
+        """``qkv`` with the attention scale 1/sqrt(D) folded into q's rows unless q is normalized
+        first. Built from the parameters alone, so the exporter's constant folding stores it as one
+        initializer."""
+        return self.qkv(1.0 if self.q_norm is not None else self.d ** -0.5)
 
     def _graph(self, x, cos, sin, mask, past_k, past_v):
         """The ONNX graph's attention: the same function as the sdpa path in plain operators.
@@ -124,7 +150,8 @@ class Attention(nn.Module):
         q, k = reshape(q, 0, -1, hkv, rep, d), reshape(k, 0, -1, hkv, 1, d)
         if self.q_norm is not None:
             q, k = self.q_norm(q) * (d ** -0.5), self.k_norm(k)
-        q, k = apply_rope(q, cos, sin, d // 2), apply_rope(k, cos, sin, d // 2)
+        half = (self.rot or d) // 2
+        q, k = apply_rope(q, cos, sin, half, self.rot), apply_rope(k, cos, sin, half, self.rot)
         q = reshape(q.permute(0, 2, 3, 1, 4), 0, 0, -1, d)                  # (B,Hkv,R*T,D)
         k = torch.cat([past_k, reshape(k, 0, -1, hkv, d).transpose(1, 2)], dim=2)   # (B,Hkv,S,D)
         v = torch.cat([past_v, reshape(v, 0, -1, hkv, d).transpose(1, 2)], dim=2)
@@ -217,7 +244,7 @@ class DLLM(nn.Module):
         if past is None:
             past = self.empty_past(input_ids.shape[0], input_ids.device, self.lm_head.weight.dtype)
         x = self.model.embed_tokens(input_ids)                               # (B,T,C)
-        cos, sin = rope_tables(position_ids, c.head_dim, c.rope_theta)       # (B,1,T,D)
+        cos, sin = rope_tables(position_ids, c.rotary_dim, c.rope_theta)     # (B,1,T,rotary_dim)
         eager = self.model.layers[0].self_attn.impl == "eager"
         if eager:                                                            # Attention._graph's layouts
             cos, sin = cos.transpose(1, 2)[:, :, None], sin.transpose(1, 2)[:, :, None]     # (B,T,1,1,D)

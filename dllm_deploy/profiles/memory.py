@@ -5,17 +5,21 @@ Dimension legend
     B  batch          W  beam width (branches verified per forward)   L  block length
     N  = W * L, tokens in one verification forward                    P  cached prefix tokens
     S  = P + N, keys a verified token attends                         T  tokens of a prefill
-    C  hidden   F  SwiGLU width   V  vocabulary   H  query heads   Hkv  KV heads   D  head dim
+    C  hidden   F  SwiGLU width (mlp_width: a mixture's active set)   V  vocabulary   H  query heads
+    Hkv  KV heads   D  head dim
     b  bytes of a weight (precision)   a  bytes of an activation / KV element (fp32 for int8, int4)
 
 Terms (bytes)
-    weights   = copies_w * params * b
+    weights   = copies_w * params * b      (params: weight_products and the small parameters; a
+                                            mixture-of-experts model counts every expert, all resident)
                 int4 (MatMulNBits): every MatMul weight (K, N) as N * ceil(K / block) blocks of
                 block / 2 bytes + a 4-byte scale (+ half a byte of zero point, asymmetric); the
                 other parameters (embedding, norms) stay fp32
                 int8 (the exporter's default): every MatMul weight (K, N) as K * N bytes + a 4-byte
                 scale and a 1-byte zero point per output channel, but the down-projections
-                (INT8_FP32_DEFAULT), which stay fp32 like the other parameters
+                (INT8_FP32_DEFAULT), which stay fp32 like the other parameters; a mixture's routers
+                stay fp32 in both (the contrib form's QMoE quantizes the experts' down-projections
+                too: the estimate is then a little high)
     kv        = B * P * sum over layers of 2 * Hkv * D * a              the prefix cache (each layer's Hkv, D)
     prefill   = copies_p * B * T * (tok(T) + V * 4 + sum over layers of 2 * Hkv * D * a)
                                                                            + the logits it returns
@@ -62,42 +66,76 @@ def kv_shapes(cfg: dict) -> list[tuple[int, int]]:
     return [(int(hkv), int(d)) for hkv, d in shapes]
 
 
+def weight_products(cfg: dict) -> list[tuple[int, int, int, str]]:
+    """(K, N, count, kind) of every weight product of the graphs: per layer q, k, v, o and the MLP,
+    then the LM head. A mixture-of-experts layer (``num_experts``, past the ``dense_layers``) has
+    a router (C, E), E experts of width ``expert_size`` and the shared experts, all resident; kind
+    "down" (the int8 variant keeps it fp32), "router" (never quantized), "" otherwise."""
+    c, v, h = cfg["hidden_size"], cfg["vocab_size"], cfg["num_heads"]
+    out = []
+    for i, (hkv, d) in enumerate(kv_shapes(cfg)):
+        out += [(c, h * d, 1, ""), (c, hkv * d, 2, ""), (h * d, c, 1, "")]
+        e = cfg.get("num_experts", 0)
+        if not e or i < cfg.get("dense_layers", 0):
+            out += [(c, cfg["intermediate_size"], 2, ""), (cfg["intermediate_size"], c, 1, "down")]
+            continue
+        fe, fs = cfg["expert_size"], cfg.get("shared_expert_size", 0)
+        out += [(c, e, 1, "router"), (c, fe, 2 * e, ""), (fe, c, e, "down")]
+        out += [(c, fs, 2, ""), (fs, c, 1, "down")] if fs else []
+    return out + [(c, v, 1, "")]
+
+
 def param_count(cfg: dict) -> int:
-    c, f, v, h = cfg["hidden_size"], cfg["intermediate_size"], cfg["vocab_size"], cfg["num_heads"]
-    layers = sum(c * h * d + 2 * c * hkv * d + h * d * c + 3 * c * f + 2 * c for hkv, d in kv_shapes(cfg))
-    return layers + v * c * (1 if cfg.get("tie_word_embeddings") else 2) + c
+    """Every parameter: the weight products, norms (q/k norms too), q/k/v biases, router biases
+    (sigmoid routers), the embedding (and an untied LM head, counted with the products)."""
+    c, v, h = cfg["hidden_size"], cfg["vocab_size"], cfg["num_heads"]
+    products = sum(k * n * m for k, n, m, _ in weight_products(cfg)) - c * v
+    small = 0
+    for i, (hkv, d) in enumerate(kv_shapes(cfg)):
+        small += 2 * c + (2 * d if cfg.get("qk_norm") else 0) + ((h + 2 * hkv) * d if cfg.get("qkv_bias") else 0)
+        if cfg.get("num_experts") and i >= cfg.get("dense_layers", 0) and cfg.get("router") == "sigmoid":
+            small += cfg["num_experts"]
+    return products + small + v * c * (1 if cfg.get("tie_word_embeddings") else 2) + c
 
 
 def matmul_weight_shapes(cfg: dict) -> list[tuple[int, int]]:
-    """(K, N) of every MatMul weight of the graphs: per layer q, k, v, o, gate, up, down, then the LM head."""
-    c, f, v, h = cfg["hidden_size"], cfg["intermediate_size"], cfg["vocab_size"], cfg["num_heads"]
-    return [s for hkv, d in kv_shapes(cfg)
-            for s in [(c, h * d), (c, hkv * d), (c, hkv * d), (h * d, c), (c, f), (c, f), (f, c)]] + [(c, v)]
+    """(K, N) of every MatMul weight of the graphs, one entry each (weight_products expanded)."""
+    return [(k, n) for k, n, m, _ in weight_products(cfg) for _ in range(m)]
 
 
 def weight_bytes(cfg: dict, precision: str = "fp32", block_size: int = INT4_BLOCK, symmetric: bool = True) -> int:
     """Bytes of one copy of the weights in ``precision`` (int8, int4: module docstring)."""
-    mm = matmul_weight_shapes(cfg)
-    if precision == "int8":
-        down = {7 * i + 6 for i in range(cfg["num_layers"])} if "down_proj" in INT8_FP32_DEFAULT else set()
-        quant = sum(k * n + 5 * n for i, (k, n) in enumerate(mm) if i not in down)
-        return quant + max(param_count(cfg) - sum(k * n for i, (k, n) in enumerate(mm) if i not in down), 0) * 4
-    if precision != "int4":
+    if precision not in ("int8", "int4"):
         return param_count(cfg) * BYTES[precision]
-    quant = 0
-    for k, n in mm:
-        kb = -(-k // block_size)                          # blocks per output column: ceil(K / block)
-        quant += n * kb * (block_size // 2 + 4) + (0 if symmetric else n * -(-kb // 2))
-    return quant + (param_count(cfg) - sum(k * n for k, n in mm)) * 4
+    keep = ("router", "down") if precision == "int8" and "down_proj" in INT8_FP32_DEFAULT else ("router",)
+    quant = matmul = 0
+    for k, n, m, kind in weight_products(cfg):
+        if kind in keep:
+            continue                                      # counted with the fp32 parameters
+        matmul += m * k * n
+        if precision == "int8":
+            quant += m * (k * n + 5 * n)
+        else:
+            kb = -(-k // block_size)                      # blocks per output column: ceil(K / block)
+            quant += m * (n * kb * (block_size // 2 + 4) + (0 if symmetric else n * -(-kb // 2)))
+    return quant + max(param_count(cfg) - matmul, 0) * 4
 
 
 def _act_bytes(precision: str) -> int:
     return 4 if precision in ("fp32", "int8", "int4") else 2      # int8 / int4 quantize weights only
 
 
+def mlp_width(cfg: dict) -> int:
+    """F of tok(S): the SwiGLU width a token runs through in its widest layer (a mixture-of-experts
+    layer: its k experts and the shared experts, the active set)."""
+    dense = cfg["intermediate_size"] if not cfg.get("num_experts") or cfg.get("dense_layers", 0) else 0
+    routed = cfg["experts_per_token"] * cfg["expert_size"] + cfg.get("shared_expert_size", 0) if cfg.get("num_experts") else 0
+    return max(dense, routed)
+
+
 def _per_token(cfg: dict, keys: int, a: int) -> int:
     """tok(S): live activation bytes per new token attending ``keys`` keys (one layer at a time)."""
-    c, f, v = cfg["hidden_size"], cfg["intermediate_size"], cfg["vocab_size"]
+    c, f, v = cfg["hidden_size"], mlp_width(cfg), cfg["vocab_size"]
     return keys * cfg["num_heads"] * a * 2 + (4 * c + 3 * f) * a + v * (a + 4)
 
 

@@ -27,6 +27,14 @@ MODELS = {
     "3b-mixed-kv": dict(vocab_size=64000, hidden_size=3072, intermediate_size=8192, num_layers=24, num_heads=24,
                         num_kv_heads=8, head_dim=128, max_seq=8192, block_size=32,
                         kv_shapes=[[8, 128] if i % 2 == 0 else [1, 256] for i in range(24)]),
+    # mixtures of experts: LLaDA2.0-mini's shapes (dense first layer, sigmoid router, shared expert,
+    # q/k norms) and SDAR-30B-A3B's (Qwen3-MoE: 128 experts, 8 active)
+    "llada2-mini": dict(vocab_size=157184, hidden_size=2048, intermediate_size=5120, num_layers=20, num_heads=16,
+                        num_kv_heads=4, head_dim=128, max_seq=16384, block_size=32, qk_norm=True, num_experts=256,
+                        experts_per_token=8, expert_size=512, shared_expert_size=512, dense_layers=1, router="sigmoid"),
+    "sdar-30b-a3b": dict(vocab_size=151936, hidden_size=2048, intermediate_size=6144, num_layers=48, num_heads=32,
+                         num_kv_heads=4, head_dim=128, max_seq=32768, block_size=4, qk_norm=True, num_experts=128,
+                         experts_per_token=8, expert_size=768),
 }
 FREE = [1 * GIB, 6 * GIB, 24 * GIB, 80 * GIB, 1024 * GIB]
 

@@ -15,7 +15,8 @@ from .conftest import generate_many
 
 KEYS = ("text", "token_ids", "forwards", "tokens", "accepted_hist", "finished")
 PROMPTS = ["hello", "a longer prompt, 2+3="]
-CASES = [(family, form) for family in MOE_CONFIGS for form in ("gather",)]
+FORMS = ("contrib", "gather")
+CASES = [(family, form) for family in MOE_CONFIGS for form in FORMS]
 
 
 @pytest.fixture(scope="module")
@@ -26,9 +27,9 @@ def moe_artifacts(tmp_path_factory):
     out = {}
     for family in MOE_CONFIGS:
         ckpt = write_random_checkpoint(root / f"{family}-ckpt", MOE_CONFIGS[family])
-        for form in ("gather",):
+        for form in FORMS:
             art = root / f"{family}-{form}"
-            out[family, form] = ckpt, art, export(ckpt, art, max_beam_width=4, log=lambda m: None)
+            out[family, form] = ckpt, art, export(ckpt, art, max_beam_width=4, log=lambda m: None, moe_form=form)
     return out
 
 
@@ -36,7 +37,10 @@ def moe_artifacts(tmp_path_factory):
 def test_the_manifest_records_the_experts(moe_artifacts, family, form):
     _, art, report = moe_artifacts[family, form]
     m = json.loads((art / "manifest.json").read_text())
-    assert m["family"] == family and m["model"]["num_experts"] == 8
+    assert m["family"] == family and m["model"]["num_experts"] == 8 and m["experts"]["form"] == {"fp32": form}
+    import onnx
+    ops = {n.op_type for n in onnx.load(str(art / "verify.onnx"), load_external_data=False).graph.node}
+    assert ("MoE" in ops) == (form == "contrib") and ("NonZero" in ops) == (form == "gather")
     assert report["parity"]["fp32"]["top1_ids_identical"]
     assert report["parity"]["fp32"]["max_abs_diff"]["prefill_logits"] <= 1e-4
 
@@ -62,7 +66,7 @@ def test_lossless_spd_gives_its_base_rules_tokens(moe_artifacts, family, form, b
     from dllm_deploy import Runtime
     _, art, _ = moe_artifacts[family, form]
     rt = Runtime.load(artifact=str(art))
-    for cache in ("exact", "none"):
+    for cache in ("auto", "dual"):          # exact (block-causal) or prefix (bidirectional); dual
         opts = {"block_length": 8, "gen_length": 24, "cache": cache}
         one = rt.generate(PROMPTS, config=decode_config(strategy=base, **opts))
         spd = rt.generate(PROMPTS, config=decode_config(strategy="spd", base=base, beam_width=4, **opts))
@@ -70,8 +74,9 @@ def test_lossless_spd_gives_its_base_rules_tokens(moe_artifacts, family, form, b
         assert sum(r.forwards for r in spd) < sum(r.forwards for r in one)
 
 
-@pytest.mark.parametrize("family, form", CASES)
+@pytest.mark.parametrize("family, form", [c for c in CASES if MOE_CONFIGS[c[0]].get("block_size")])
 def test_the_delayed_cache_decodes_with_the_same_rule(moe_artifacts, family, form, cpp_build, tmp_path):
+    """(the block-causal families' delayed cache, one branch per forward: the same rows in C++)"""
     from dllm_deploy import Runtime
     _, art, _ = moe_artifacts[family, form]
     options = {"block_length": 8, "gen_length": 16, "strategy": "threshold", "cache": "delayed"}

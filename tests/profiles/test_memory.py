@@ -92,3 +92,21 @@ def test_measured_peak_grows_with_width_as_the_estimate_says(small_artifact):
     grew = eight["peak_bytes"] - one["peak_bytes"]
     predicted = eight["estimate"]["total"] - one["estimate"]["total"]
     assert 0.5 < grew / predicted < 1.5
+
+
+def test_a_mixture_counts_every_expert_and_its_active_set(tmp_path):
+    """param_count is the module's for the MoE families (router, experts, shared experts, q/k norms,
+    router bias); the per-token activations grow with the active set (k experts), not with E."""
+    from dllm_deploy.models.config import DLLMConfig
+    from dllm_deploy.models.registry import get_family
+    from dllm_deploy.profiles.memory import mlp_width, weight_bytes
+    from tests.conftest import MOE_CONFIGS
+    for raw in MOE_CONFIGS.values():
+        cfg = DLLMConfig.from_hf(raw)
+        assert param_count(cfg.to_dict()) == sum(p.numel() for p in get_family(cfg.layout).build(cfg).parameters())
+    cfg = DLLMConfig.from_hf(MOE_CONFIGS["llada2"]).to_dict()
+    assert mlp_width(cfg) == max(96, 2 * 32 + 32)
+    more = {**cfg, "num_experts": 64}
+    assert param_count(more) > param_count(cfg) and mlp_width(more) == mlp_width(cfg)
+    assert estimate_bytes(more)["activations"] == estimate_bytes(cfg)["activations"]
+    assert weight_bytes(cfg, "int4") < weight_bytes(cfg, "int8") < weight_bytes(cfg, "fp32")

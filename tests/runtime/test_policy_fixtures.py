@@ -84,8 +84,20 @@ def test_decode_makes_the_committed_steps(tiny_runtime, stem):
     if os.environ.get("DLLM_UPDATE_POLICY_FIXTURES") == "1":
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(dumps(fixture))
-    assert json.loads(path.read_text()) == json.loads(dumps(fixture)), \
+    assert _same(json.loads(path.read_text()), json.loads(dumps(fixture))), \
         f"{path} is stale: rerun with DLLM_UPDATE_POLICY_FIXTURES=1"
+
+
+def _same(a, b, tol: float = 1e-5) -> bool:
+    """Equal, probabilities within ``tol``: torch's CPU kernels round the last bits differently
+    from one CPU to another (states, ids and decisions must match exactly)."""
+    if isinstance(a, float) or isinstance(b, float):
+        return isinstance(a, (int, float)) and isinstance(b, (int, float)) and abs(a - b) <= tol
+    if isinstance(a, dict):
+        return isinstance(b, dict) and a.keys() == b.keys() and all(_same(a[k], b[k], tol) for k in a)
+    if isinstance(a, list):
+        return isinstance(b, list) and len(a) == len(b) and all(_same(x, y, tol) for x, y in zip(a, b))
+    return a == b
 
 
 def test_the_traces_cover_what_they_are_for():

@@ -6,4 +6,4 @@ and its tests: docs/families.md.
 """
 
 # model_types recognised but not supported yet: model_type -> why (the loader's one-line refusal)
-UNSUPPORTED = {"llada_moe": "a mixture-of-experts model is not supported yet"}
+UNSUPPORTED: dict[str, str] = {}

@@ -1,0 +1,44 @@
+"""LLaDA-MoE (inclusionAI/LLaDA-MoE-7B-A1B-Base and -Instruct): OLMoE names (q/k/v, per-head q/k
+norm, ``mlp.gate``, ``mlp.experts.{e}``), bidirectional attention like LLaDA, a softmax router whose
+k largest probabilities weigh the experts as they are (never renormalised). Its config.json says
+``model_type: llada``, as dense LLaDA's does: the family is found by ``architectures``."""
+from __future__ import annotations
+
+from ...errors import UserError
+from ..capabilities import bidirectional
+from ..config import DLLMConfig
+from ..registry import Family
+
+
+def config(raw: dict, source: str) -> DLLMConfig:
+    for key in ("moe_router_enable_expert_bias", "shared_expert_intermediate_size", "clip_qkv"):
+        if raw.get(key):
+            raise UserError(f"{source}: {key} is not supported for LLaDA-MoE (the released checkpoints do not set it)")
+    if str(raw.get("moe_router_score_function", "softmax")) != "softmax":
+        raise UserError(f"{source}: moe_router_score_function {raw['moe_router_score_function']!r} is not supported")
+    freq = raw.get("moe_layer_freq", 1)
+    if not all(int(x) == 1 for x in (freq if isinstance(freq, list) else [freq])):
+        raise UserError(f"{source}: dense layers among the experts (moe_layer_freq) are not supported")
+    heads, hidden = int(raw["num_attention_heads"]), int(raw["hidden_size"])
+    head_dim = int(raw.get("head_dim") or hidden // heads)
+    return DLLMConfig(
+        layout="llada_moe", model_type=str(raw.get("model_type", "")).lower(),
+        vocab_size=int(raw["vocab_size"]), hidden_size=hidden, num_layers=int(raw["num_hidden_layers"]),
+        num_heads=heads, num_kv_heads=int(raw.get("num_key_value_heads") or heads), head_dim=head_dim,
+        intermediate_size=int(raw.get("dense_intermediate_size") or raw["expert_intermediate_size"]),
+        rotary_dim=int(head_dim * float(raw.get("partial_rotary_factor", 1.0))),
+        rope_theta=float(raw.get("rope_theta", 50000.0)), rms_norm_eps=float(raw.get("rms_norm_eps", 1e-5)),
+        max_seq=int(raw.get("max_position_embeddings", 8192)),
+        tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
+        attention="bidirectional", block_size=int(raw.get("block_size", 32)),
+        qkv_bias=bool(raw.get("attention_bias", False)), qk_norm=bool(raw.get("qk_layernorm", True)),
+        num_experts=int(raw["num_experts"]), experts_per_token=int(raw["num_experts_per_tok"]),
+        expert_size=int(raw["expert_intermediate_size"]), router="softmax", normalize_routing=False,
+        mask_token_id=int(raw.get("mask_token_id", 156895)),
+        eos_token_id=int(raw.get("eos_token_id", 156892)),
+        pad_token_id=int(raw.get("pad_token_id", 156892)),
+    )
+
+
+FAMILY = Family(name="llada_moe", model_types=("llada_moe", "lladamoe"), architectures=("LLaDAMoEModelLM",),
+                config=config, capabilities=lambda cfg: bidirectional())
