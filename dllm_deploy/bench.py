@@ -283,31 +283,75 @@ def cost_prefix(max_seq: int, block_length: int, gen_length: int) -> int:
     return min(max_seq - block_length, 64 + gen_length // 2)
 
 
+class CostProbe:
+    """One verification forward of W branches (W * L tokens) after ``prefix`` cached tokens, ready
+    to time for each W (prefilled and warmed up once)."""
+
+    def __init__(self, backend, config, widths, block_length: int, prefix: int):
+        from .models.masks import tree_mask, tree_positions
+        rng = np.random.default_rng(0)
+        self.backend, self.widths, self.block_length, self.prefix = backend, list(widths), block_length, prefix
+        self.cache = backend.new_cache(1, prefix + block_length)
+        ids = rng.integers(32, 127, size=(1, prefix), dtype=np.int64)
+        pos = np.arange(prefix, dtype=np.int64)[None]
+        backend.prefill(self.cache, ids, pos, np.ones((1, 1, prefix, prefix), dtype=bool), prefix)
+        self.times: dict[int, list[float]] = {w: [] for w in widths}
+        self.feeds = {}
+        for w in widths:
+            n = w * block_length
+            self.feeds[w] = (np.full((1, n), config.mask_token_id, dtype=np.int64),
+                             tree_positions(prefix, block_length, w)[None].astype(np.int64),
+                             tree_mask(prefix, block_length, w)[None, None])
+            backend.verify(self.cache, *self.feeds[w])                # warm-up (allocations, kernels)
+
+    def once(self) -> None:
+        """Time one forward at every width (widths interleaved)."""
+        for w in self.widths:
+            t0 = time.perf_counter()
+            self.backend.verify(self.cache, *self.feeds[w])
+            self.times[w].append(time.perf_counter() - t0)
+
+    def result(self) -> list[dict]:
+        return [{"beam_width": w, "tokens": w * self.block_length, "prefix": self.prefix,
+                 "ms": 1000 * statistics.median(t), "ms_min": 1000 * min(t), "ms_max": 1000 * max(t)}
+                for w, t in self.times.items()]
+
+
 def forward_cost(backend, config, widths, block_length: int, prefix: int, repeats: int = 5) -> list[dict]:
     """Median time of one verification forward of W branches (W * L tokens) after a prefix of
     ``prefix`` cached tokens, for each W. Widths are interleaved across repeats."""
-    from .models.masks import tree_mask, tree_positions
-    rng = np.random.default_rng(0)
-    cache = backend.new_cache(1, prefix + block_length)
-    ids = rng.integers(32, 127, size=(1, prefix), dtype=np.int64)
-    pos = np.arange(prefix, dtype=np.int64)[None]
-    backend.prefill(cache, ids, pos, np.ones((1, 1, prefix, prefix), dtype=bool), prefix)
-    times: dict[int, list[float]] = {w: [] for w in widths}
-    feeds = {}
-    for w in widths:
-        n = w * block_length
-        feeds[w] = (np.full((1, n), config.mask_token_id, dtype=np.int64),
-                    tree_positions(prefix, block_length, w)[None].astype(np.int64),
-                    tree_mask(prefix, block_length, w)[None, None])
-        backend.verify(cache, *feeds[w])                              # warm-up (allocations, kernels)
+    probe = CostProbe(backend, config, widths, block_length, prefix)
     for _ in range(repeats):
-        for w in widths:
-            t0 = time.perf_counter()
-            backend.verify(cache, *feeds[w])
-            times[w].append(time.perf_counter() - t0)
-    return [{"beam_width": w, "tokens": w * block_length, "prefix": prefix,
-             "ms": 1000 * statistics.median(times[w]), "ms_min": 1000 * min(times[w]),
-             "ms_max": 1000 * max(times[w])} for w in widths]
+        probe.once()
+    return probe.result()
+
+
+def compare_cost(artifacts: dict, widths, block_length: int, prefix: int, repeats: int = 5,
+                 precisions=("fp32",)) -> dict:
+    """The ONNX Runtime forward cost of several artifacts (label -> folder) in one run, each width
+    and artifact interleaved in every repeat, with each one's parameters and active parameters
+    (profiles/memory.py: a mixture counts k experts a token, not E): the comparison of a
+    mixture-of-experts model with a dense model of its active size (docs/moe.md)."""
+    from .profiles.memory import active_param_count, param_count
+    from .runtime.api import Runtime
+    probes, facts = {}, {}
+    for label, folder in artifacts.items():
+        for p in precisions:
+            rt = Runtime.load(artifact=str(folder), precision=p)
+            probes[label, p] = CostProbe(rt.backend, rt.config, widths, block_length, prefix)
+            facts[label] = {"artifact": str(folder), "params": param_count(rt.memory_facts()),
+                            "active_params": active_param_count(rt.memory_facts()),
+                            "experts": rt.backend.manifest.get("experts")}
+    for _ in range(repeats):
+        for probe in probes.values():
+            probe.once()
+    out = {label: {**f, "forward_cost": {}} for label, f in facts.items()}
+    for (label, p), probe in probes.items():
+        rows = probe.result()
+        for r in rows:     # microseconds per token per million active parameters: lower is better
+            r["us_per_token_per_m_active"] = 1000 * r["ms"] / r["tokens"] / (facts[label]["active_params"] / 1e6)
+        out[label]["forward_cost"][p] = rows
+    return out
 
 
 def _peak_memory(artifact: str, widths, block_length: int, prefix: int) -> dict[int, float | None]:
@@ -332,7 +376,7 @@ def run_bench(artifact: str, backends=("torch", "ort"), strategies=("vanilla", "
               gen_length: int = 256, tree: str = DEFAULT_TREE, batch_size: int = 1, cost_repeats: int = 5,
               memory: bool = False, device: str = "cpu", progress=None, seeds=(), threshold_floors=(), threshold_fars=(),
               threshold_leads=(), precisions=("fp32",),
-              quality_budget: float = 0.01, caches=("auto",)) -> dict:
+              quality_budget: float = 0.01, caches=("auto",), compare: dict | None = None) -> dict:
     from .evals import tasks
     from .evals.harness import run_eval
     from .profiles.memory import estimate_bytes
@@ -440,6 +484,9 @@ def run_bench(artifact: str, backends=("torch", "ort"), strategies=("vanilla", "
            "artifact": str(artifact), "families": list(families), "prompts_per_family": n, "repeats": repeats,
            "gen_length": gen_length, "batch_size": batch_size, "block_length": L, "tree": tree, "torch_device": device,
            "forward_cost": cost, "runs": runs}
+    if compare:
+        main = Path(artifact).name if Path(artifact).name not in compare else "artifact"
+        out["compare"] = compare_cost({main: artifact, **compare}, widths, L, prefix, cost_repeats, precisions)
     out["ratios"] = ratios(runs)
     out["equal_quality"] = equal_quality(runs, quality_budget)
     out["targets"] = targets(out)

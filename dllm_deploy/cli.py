@@ -200,7 +200,8 @@ def cmd_bench(a) -> int:
                     gen_length=a.gen_length, tree=a.tree, batch_size=a.batch_size, memory=a.memory,
                     cost_repeats=3 if a.quick else 5, device=a.device, progress=bar, seeds=seeds,
                     threshold_floors=floors, threshold_fars=fars,
-                    threshold_leads=leads, precisions=precisions, quality_budget=a.quality_budget, caches=caches)
+                    threshold_leads=leads, precisions=precisions, quality_budget=a.quality_budget, caches=caches,
+                    compare=_compare_artifacts(a.compare))
     if a.tune:
         from .profiles import get_profile
         from .bench import split_backend
@@ -232,6 +233,11 @@ def cmd_bench(a) -> int:
         print(f"forward cost {be}: " + ", ".join(f"W{r['beam_width']} {r['ms']:.1f} ms" for r in rows))
     for k, v in res["ratios"].items():
         print(f"ratio {k}: {v:.2f}x")
+    for label, c in (res.get("compare") or {}).items():
+        for p, rows in c["forward_cost"].items():
+            print(f"compare {label} {p} ({c['active_params'] / 1e6:.1f}M active of {c['params'] / 1e6:.1f}M): "
+                  + ", ".join(f"W{r['beam_width']} {r['ms']:.1f} ms ({r['us_per_token_per_m_active']:.2f} us/token/M active)"
+                              for r in rows))
     eq = res.get("equal_quality")
     if eq:
         print(f"equal quality: accuracy >= {eq['reference_accuracy']:.3f} - {eq['budget']} ({eq['reference']})")
@@ -246,6 +252,21 @@ def cmd_bench(a) -> int:
         print(f"tuned: {res['tune']['pick']} (fastest within {a.quality_budget} of {res['tune']['reference']}; "
               f"{res['tune']['speedup_vs_threshold']:.2f}x {res['tune']['baseline']}) -> {res['tune']['overlay']}")
     return 0
+
+
+def _compare_artifacts(text: str | None) -> dict:
+    """--compare LABEL=DIR,... (or DIR: labelled by its folder name) -> {label: folder}."""
+    out: dict[str, str] = {}
+    for item in _csv(text) if text else []:
+        label, _, folder = item.rpartition("=")
+        folder = folder or label
+        label = label or Path(folder).name
+        if not (Path(folder) / "manifest.json").is_file():
+            raise UserError(f"--compare: {folder} is not an exported artifact (no manifest.json)")
+        if label in out:
+            raise UserError(f"--compare: label {label!r} given twice")
+        out[label] = folder
+    return out
 
 
 def _write_file(path: Path, text: str) -> None:
@@ -603,6 +624,10 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--seeds", default=None, help="also sample (temperature 0.7, top-p 0.9) with each of these seeds, e.g. 1,2,3")
     b.add_argument("--batch-size", type=int, default=1, help="prompts decoded together (1: per-request latency)")
     b.add_argument("--memory", action="store_true", help="also measure ORT peak memory per beam width (subprocesses)")
+    b.add_argument("--compare", default=None, metavar="LABEL=DIR,...",
+                   help="also time the ONNX Runtime forwards of these artifacts in the same run, interleaved with "
+                        "--artifact's, with tokens/s per active parameter (a mixture of experts against a dense "
+                        "model of its active size: docs/moe.md)")
     b.add_argument("--quick", action="store_true", help="2 tasks x 1 prompt, 2 repeats, W=4, gen length 64: a smoke run")
     b.add_argument("--tune", action="store_true",
                    help="pick the fastest configuration within the quality budget; write a profile overlay")

@@ -37,21 +37,27 @@ def _shard_files(folder: Path) -> list[Path]:
     return files
 
 
-def read_tensors(folder: Path) -> dict:
-    """All tensors of the checkpoint as torch tensors, by checkpoint name."""
-    from safetensors import SafetensorError
-    from safetensors.torch import load_file
-    out = {}
+def iter_tensors(folder: Path, wanted=None):
+    """(checkpoint name, torch tensor) of the checkpoint, read one tensor at a time (a tensor is
+    resident only while the caller holds it); ``wanted(name) -> bool`` skips the others unread."""
+    from safetensors import SafetensorError, safe_open
     for f in _shard_files(folder):
         try:
             with open(f, "rb"):     # the library reports an unreadable file as a missing one
                 pass
-            out.update(load_file(str(f)))
+            with safe_open(str(f), framework="pt") as st:
+                for name in st.keys():
+                    if wanted is None or wanted(name):
+                        yield name, st.get_tensor(name)
         except OSError as e:
             raise file_error(f, e) from None
         except (SafetensorError, ValueError) as e:
             raise UserError(f"{f}: corrupt safetensors file ({e})") from None
-    return out
+
+
+def read_tensors(folder: Path) -> dict:
+    """All tensors of the checkpoint as torch tensors, by checkpoint name."""
+    return dict(iter_tensors(folder))
 
 
 def resolve_model_dir(model: str | Path) -> Path:
@@ -76,13 +82,12 @@ def load_model(model: str | Path, dtype=None, attention: str = "sdpa"):
         module = family.build(cfg)
     expected = {k: tuple(v.shape) for k, v in module.state_dict().items()}
     tensors = {}
-    for name, t in read_tensors(folder).items():
+    # one tensor at a time: a bf16 / fp16 checkpoint is never resident beside its fp32 copy
+    for name, t in iter_tensors(folder, lambda n: family.to_ours(n) in expected):
         ours = family.to_ours(name)
-        if ours is None or ours not in expected:
-            continue
         if tuple(t.shape) != expected[ours]:
             raise UserError(f"{folder}: tensor {name} has shape {tuple(t.shape)}, expected {expected[ours]}")
-        tensors[ours] = t.float()          # the module's dtype; no copy when the checkpoint is fp32
+        tensors[ours] = t.float()          # the module's dtype
     if cfg.tie_word_embeddings:
         tensors.pop("lm_head.weight", None)
         expected.pop("lm_head.weight", None)

@@ -70,7 +70,8 @@ def weight_products(cfg: dict) -> list[tuple[int, int, int, str]]:
     """(K, N, count, kind) of every weight product of the graphs: per layer q, k, v, o and the MLP,
     then the LM head. A mixture-of-experts layer (``num_experts``, past the ``dense_layers``) has
     a router (C, E), E experts of width ``expert_size`` and the shared experts, all resident; kind
-    "down" (the int8 variant keeps it fp32), "router" (never quantized), "" otherwise."""
+    "down" (the int8 variant keeps it fp32), "router" (never quantized), "expert" / "expert_down"
+    (a routed expert's; the latter kept fp32 by int8 like "down"), "" otherwise."""
     c, v, h = cfg["hidden_size"], cfg["vocab_size"], cfg["num_heads"]
     out = []
     for i, (hkv, d) in enumerate(kv_shapes(cfg)):
@@ -80,7 +81,7 @@ def weight_products(cfg: dict) -> list[tuple[int, int, int, str]]:
             out += [(c, cfg["intermediate_size"], 2, ""), (cfg["intermediate_size"], c, 1, "down")]
             continue
         fe, fs = cfg["expert_size"], cfg.get("shared_expert_size", 0)
-        out += [(c, e, 1, "router"), (c, fe, 2 * e, ""), (fe, c, e, "down")]
+        out += [(c, e, 1, "router"), (c, fe, 2 * e, "expert"), (fe, c, e, "expert_down")]
         out += [(c, fs, 2, ""), (fs, c, 1, "down")] if fs else []
     return out + [(c, v, 1, "")]
 
@@ -98,6 +99,14 @@ def param_count(cfg: dict) -> int:
     return products + small + v * c * (1 if cfg.get("tie_word_embeddings") else 2) + c
 
 
+def active_param_count(cfg: dict) -> int:
+    """The parameters one token's forward reads: every parameter but the routed experts a token
+    skips (E - k of them per mixture-of-experts layer); param_count for a dense model."""
+    skipped = sum(m * k * n for k, n, m, kind in weight_products(cfg) if kind in ("expert", "expert_down"))
+    e = cfg.get("num_experts", 0)
+    return param_count(cfg) - (skipped * (e - cfg["experts_per_token"]) // e if e else 0)
+
+
 def matmul_weight_shapes(cfg: dict) -> list[tuple[int, int]]:
     """(K, N) of every MatMul weight of the graphs, one entry each (weight_products expanded)."""
     return [(k, n) for k, n, m, _ in weight_products(cfg) for _ in range(m)]
@@ -107,7 +116,7 @@ def weight_bytes(cfg: dict, precision: str = "fp32", block_size: int = INT4_BLOC
     """Bytes of one copy of the weights in ``precision`` (int8, int4: module docstring)."""
     if precision not in ("int8", "int4"):
         return param_count(cfg) * BYTES[precision]
-    keep = ("router", "down") if precision == "int8" and "down_proj" in INT8_FP32_DEFAULT else ("router",)
+    keep = ("router", "down", "expert_down") if precision == "int8" and "down_proj" in INT8_FP32_DEFAULT else ("router",)
     quant = matmul = 0
     for k, n, m, kind in weight_products(cfg):
         if kind in keep:

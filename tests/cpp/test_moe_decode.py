@@ -83,3 +83,21 @@ def test_the_delayed_cache_decodes_with_the_same_rule(moe_artifacts, family, for
     want = Runtime.load(artifact=str(art)).generate(PROMPTS, config=decode_config(**options))
     got = generate_many(cpp_build, art, PROMPTS, options, tmp_path)
     assert [g["token_ids"] for g in got] == [w.token_ids for w in want]
+
+
+def test_bench_compares_the_forms_per_active_parameter(moe_artifacts, tmp_path):
+    """`bench --compare`: the other artifacts' forward cost in the same run, with their parameters
+    and active parameters (k of E experts a token)."""
+    from dllm_deploy import bench
+    from dllm_deploy.cli import main
+    _, contrib, _ = moe_artifacts["llada2", "contrib"]
+    _, gather, _ = moe_artifacts["llada2", "gather"]
+    res = bench.run_bench(str(contrib), backends=["ort"], strategies=["threshold"], beam_widths=[1],
+                          families=["upper"], n=1, repeats=1, gen_length=16, cost_repeats=1, compare={"gather": str(gather)})
+    c = res["compare"]
+    assert set(c) == {contrib.name, "gather"}
+    assert c["gather"]["params"] == c[contrib.name]["params"] > c["gather"]["active_params"]
+    assert c["gather"]["experts"]["form"] == {"fp32": "gather"}
+    rows = c["gather"]["forward_cost"]["fp32"]
+    assert [r["beam_width"] for r in rows] == [1] and all(r["us_per_token_per_m_active"] > 0 for r in rows)
+    assert main(["bench", "--artifact", str(contrib), "--compare", f"x={tmp_path}", "--quiet"]) == 2
