@@ -476,6 +476,9 @@ def _serve_limits(a, rt):
     from .serving.contract import Limits
     defaults, cfg = _serve_defaults(a, rt)
     canvas = -(-cfg.gen_length // cfg.block_length) * cfg.block_length
+    if not a.max_prompt_tokens and rt.config.max_seq - canvas < 1:
+        raise UserError(f"a canvas of {canvas} tokens (--gen-length {cfg.gen_length}) leaves no room for a prompt in the "
+                        f"model's {rt.config.max_seq} positions: pass a smaller --gen-length")
     return defaults, Limits(max_prompt_tokens=a.max_prompt_tokens or rt.config.max_seq - canvas,
                             max_tokens=cfg.gen_length, max_beam_width=rt.max_beam_width or cfg.beam_width,
                             max_queue=a.max_queue)

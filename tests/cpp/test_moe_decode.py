@@ -101,3 +101,21 @@ def test_bench_compares_the_forms_per_active_parameter(moe_artifacts, tmp_path):
     rows = c["gather"]["forward_cost"]["fp32"]
     assert [r["beam_width"] for r in rows] == [1] and all(r["us_per_token_per_m_active"] > 0 for r in rows)
     assert main(["bench", "--artifact", str(contrib), "--compare", f"x={tmp_path}", "--quiet"]) == 2
+
+
+@pytest.mark.parametrize("family, form", [("llada2", "contrib"), ("llada_moe", "gather")])
+def test_sampled_lossless_spd_is_the_same_in_python_and_cpp(moe_artifacts, family, form, cpp_build, tmp_path):
+    """temperature 0.7 / top-p 0.9 with a seed: the routing happens inside the graph, the noise is
+    the counter-based one, so C++ draws the same tokens and lossless SPD its base rule's."""
+    from dllm_deploy import Runtime
+    _, art, _ = moe_artifacts[family, form]
+    rt = Runtime.load(artifact=str(art))
+    sampled = {"block_length": 8, "gen_length": 16, "temperature": 0.7, "top_p": 0.9, "seed": 3}
+    base = rt.generate(PROMPTS, strategy="threshold", **sampled)
+    spd = rt.generate(PROMPTS, strategy="spd", base="threshold", beam_width=4, **sampled)
+    assert [r.token_ids for r in spd] == [r.token_ids for r in base]
+    greedy = rt.generate(PROMPTS, strategy="threshold", block_length=8, gen_length=16)
+    assert [r.token_ids for r in greedy] != [r.token_ids for r in base]        # the noise took part
+    got = generate_many(cpp_build, art, PROMPTS, {"strategy": "spd", "base": "threshold", "beam_width": 4, **sampled},
+                        tmp_path)
+    assert [g["token_ids"] for g in got] == [r.token_ids for r in spd]

@@ -120,3 +120,21 @@ def test_busy_port_is_named(tiny_artifact, server):
     assert r.returncode == 2
     assert r.stderr.strip() == (f"dllm-deploy: error: --http-port {server.http}: 127.0.0.1:{server.http} is busy "
                                 "(Address already in use); pick a free port")
+
+
+def test_a_canvas_that_leaves_no_room_for_a_prompt_is_refused_before_starting(tiny_artifact):
+    """--gen-length at the model's max_seq: every request would be refused, so the server never starts."""
+    import socket
+    from .conftest import serving_python
+    socks = [socket.socket() for _ in range(3)]
+    for s in socks:
+        s.bind(("127.0.0.1", 0))
+    ports = [str(s.getsockname()[1]) for s in socks]
+    for s in socks:
+        s.close()
+    r = subprocess.run([serving_python(), "-m", "dllm_deploy.cli", "serve", "--artifact", str(tiny_artifact[0]),
+                        "--gen-length", "512", "--http-port", ports[0], "--grpc-port", ports[1], "--metrics-port", ports[2]],
+                       env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2
+    assert r.stderr.strip() == ("dllm-deploy: error: a canvas of 512 tokens (--gen-length 512) leaves no room for a "
+                                "prompt in the model's 512 positions: pass a smaller --gen-length")
