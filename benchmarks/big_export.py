@@ -28,52 +28,45 @@ sys.path.insert(0, str(ROOT))
 BASE_CONFIG = {"model_type": "llada", "d_model": 2048, "n_heads": 16, "n_kv_heads": 16, "mlp_hidden_size": 5632,
                "vocab_size": 8192, "embedding_size": 8192, "mask_token_id": 8191, "eos_token_id": 8190,
                "rope_theta": 500000.0, "max_sequence_length": 4096, "weight_tying": False}
-BLOCK_NAMES = ["attn_norm", "ff_norm", "q_proj", "k_proj", "v_proj", "attn_out", "ff_proj", "up_proj", "ff_out"]
-
-
-def _shapes(raw: dict) -> dict:
-    """LLaDA tensor name -> shape, from our module built on the meta device (the loader's own map)."""
+def write_sharded(folder: Path, raw: dict, seed: int = 0) -> int:
+    """A random checkpoint of ``raw``'s family (any registered one) in its own tensor names, one
+    shard per layer (and one for the embedding, final norm and head): norms at 1, matrices at
+    0.02 (activations stay finite through the depth). Returns the tensors' bytes."""
     import torch
+    from safetensors.torch import save_file
 
     from dllm_deploy.models.config import DLLMConfig
     from dllm_deploy.models.registry import family_for
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "config.json").write_text(json.dumps(raw))
     cfg, family = DLLMConfig.from_hf(raw), family_for(raw)
     with torch.device("meta"):
-        ours = {k: tuple(v.shape) for k, v in family.build(cfg).state_dict().items()}
-    names = ["model.transformer.wte.weight", "model.transformer.ln_f.weight", "model.transformer.ff_out.weight"]
-    names += [f"model.transformer.blocks.{i}.{n}.weight" for i in range(raw["n_layers"]) for n in BLOCK_NAMES]
-    return {n: ours[family.to_ours(n)] for n in names}
-
-
-def write_checkpoint(folder: Path, n_layers: int, seed: int = 0) -> int:
-    """A random LLaDA-layout checkpoint, one shard per block (plus one for embeddings and head).
-    Returns its size in bytes (the tensors' bytes)."""
-    import torch
-    from safetensors.torch import save_file
-    folder.mkdir(parents=True, exist_ok=True)
-    raw = {**BASE_CONFIG, "n_layers": n_layers}
-    (folder / "config.json").write_text(json.dumps(raw))
-    shapes = _shapes(raw)
+        shapes = {k: tuple(v.shape) for k, v in family.build(cfg).state_dict().items()}
     groups: dict[str, list[str]] = {}
     for name in shapes:
-        m = re.match(r"model\.transformer\.blocks\.(\d+)\.", name)
-        groups.setdefault(f"block{int(m.group(1)):03d}" if m else "outer", []).append(name)
+        m = re.match(r"model\.layers\.(\d+)\.", name)
+        groups.setdefault(f"layer{int(m.group(1)):03d}" if m else "outer", []).append(name)
     g = torch.Generator().manual_seed(seed)
     weight_map, total = {}, 0
-    for i, (group, names) in enumerate(sorted(groups.items())):
+    for i, (_, names) in enumerate(sorted(groups.items())):
         fname = f"model-{i + 1:05d}-of-{len(groups):05d}.safetensors"
         shard = {}
         for n in names:
             shape = shapes[n]
-            # norms at 1, matrices at 0.02 / sqrt-ish scale: activations stay finite through the depth
-            shard[n] = torch.ones(shape) if len(shape) == 1 else torch.randn(shape, generator=g) * 0.02
-            weight_map[n] = fname
-            total += shard[n].numel() * 4
+            t = torch.ones(shape) if len(shape) == 1 else torch.randn(shape, generator=g) * 0.02
+            shard[family.to_theirs(n)] = t
+            weight_map[family.to_theirs(n)] = fname
+            total += t.numel() * 4
         save_file(shard, str(folder / fname))
         del shard
     (folder / "model.safetensors.index.json").write_text(json.dumps({"metadata": {"total_size": total},
                                                                      "weight_map": weight_map}))
     return total
+
+
+def write_checkpoint(folder: Path, n_layers: int, seed: int = 0) -> int:
+    """A random LLaDA-layout checkpoint of ``n_layers`` blocks (write_sharded)."""
+    return write_sharded(folder, {**BASE_CONFIG, "n_layers": n_layers}, seed)
 
 
 def _time_v(cmd: list[str]) -> tuple[float, int, str]:

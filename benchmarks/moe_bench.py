@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 import shutil
 import subprocess
 import sys
@@ -24,7 +23,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from benchmarks.big_export import _time_v  # noqa: E402
+from benchmarks.big_export import _time_v, write_sharded  # noqa: E402
 
 COMMON = {"hidden_size": 768, "num_attention_heads": 12, "num_key_value_heads": 4, "head_dim": 64,
           "num_hidden_layers": 6, "vocab_size": 8192, "mask_token_id": 8191, "eos_token_id": 8190, "block_size": 32,
@@ -32,41 +31,6 @@ COMMON = {"hidden_size": 768, "num_attention_heads": 12, "num_key_value_heads": 
 MOE = {**COMMON, "model_type": "sdar_moe", "architectures": ["SDARMoeForCausalLM"], "intermediate_size": 3072,
        "moe_intermediate_size": 768, "num_experts": 32, "num_experts_per_tok": 4, "norm_topk_prob": True}
 DENSE = {**COMMON, "model_type": "sdar", "intermediate_size": 4 * 768}
-
-
-def write_checkpoint(folder: Path, raw: dict, seed: int = 0) -> int:
-    """A random checkpoint of ``raw``'s family in its own tensor names, one shard per layer (and
-    one for the embedding, final norm and head). Returns the tensors' bytes."""
-    import torch
-    from safetensors.torch import save_file
-
-    from dllm_deploy.models.config import DLLMConfig
-    from dllm_deploy.models.registry import family_for
-    folder.mkdir(parents=True, exist_ok=True)
-    (folder / "config.json").write_text(json.dumps(raw))
-    cfg, family = DLLMConfig.from_hf(raw), family_for(raw)
-    with torch.device("meta"):
-        shapes = {k: tuple(v.shape) for k, v in family.build(cfg).state_dict().items()}
-    groups: dict[str, list[str]] = {}
-    for name in shapes:
-        m = re.match(r"model\.layers\.(\d+)\.", name)
-        groups.setdefault(f"layer{int(m.group(1)):03d}" if m else "outer", []).append(name)
-    g = torch.Generator().manual_seed(seed)
-    weight_map, total = {}, 0
-    for i, (_, names) in enumerate(sorted(groups.items())):
-        fname = f"model-{i + 1:05d}-of-{len(groups):05d}.safetensors"
-        shard = {}
-        for n in names:
-            shape = shapes[n]
-            t = torch.ones(shape) if len(shape) == 1 else torch.randn(shape, generator=g) * 0.02
-            shard[family.to_theirs(n)] = t
-            weight_map[family.to_theirs(n)] = fname
-            total += t.numel() * 4
-        save_file(shard, str(folder / fname))
-        del shard
-    (folder / "model.safetensors.index.json").write_text(json.dumps({"metadata": {"total_size": total},
-                                                                     "weight_map": weight_map}))
-    return total
 
 
 def export(model: Path, out: Path, *flags: str) -> dict:
@@ -86,7 +50,7 @@ def main() -> None:
     a = ap.parse_args()
     a.work.mkdir(parents=True, exist_ok=True)
     res: dict = {"moe_config": MOE, "dense_config": DENSE, "exports": {}}
-    sizes = {"moe": write_checkpoint(a.work / "moe-ckpt", MOE), "dense": write_checkpoint(a.work / "dense-ckpt", DENSE)}
+    sizes = {"moe": write_sharded(a.work / "moe-ckpt", MOE), "dense": write_sharded(a.work / "dense-ckpt", DENSE)}
     res["checkpoint_bytes"] = sizes
     for label, model, flags in (("moe-contrib", "moe-ckpt", ("--moe-form", "contrib", "--precision", "fp32,int4")),
                                 ("moe-gather", "moe-ckpt", ("--moe-form", "gather", "--precision", "fp32,int4")),
