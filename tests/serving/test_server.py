@@ -138,3 +138,28 @@ def test_a_canvas_that_leaves_no_room_for_a_prompt_is_refused_before_starting(ti
     assert r.returncode == 2
     assert r.stderr.strip() == ("dllm-deploy: error: a canvas of 512 tokens (--gen-length 512) leaves no room for a "
                                 "prompt in the model's 512 positions: pass a smaller --gen-length")
+
+
+def test_a_mixture_of_experts_artifact_serves_what_it_generates_offline(tmp_path):
+    """An LLaDA 2.x artifact (routed experts as com.microsoft.MoE) behind `serve`: concurrent plain
+    and SPD requests answer what offline generate gives."""
+    from dllm_deploy.export.exporter import export
+    from dllm_deploy.runtime.api import Runtime
+    from tests.conftest import MOE_CONFIGS, write_random_checkpoint
+
+    from .conftest import GEN_LENGTH, Server, serving_python
+    serving_python()
+    art = tmp_path / "art"
+    export(write_random_checkpoint(tmp_path / "ckpt", MOE_CONFIGS["llada2"]), art, max_beam_width=4, log=lambda m: None)
+    rt = Runtime.load(artifact=str(art))
+    s = Server(art, ["--max-batch-size", "4"])
+    try:
+        cases = [(p, st) for p in PROMPTS for st in ("threshold", "spd")]
+        with ThreadPoolExecutor(len(cases)) as ex:
+            results = list(ex.map(lambda c: post(f"{s.url}/v2/models/dllm/generate",
+                                                 {"text_input": c[0], "strategy": c[1]}), cases))
+        for (prompt, strategy), (status, out) in zip(cases, results):
+            assert status == 200, out
+            check_equal(out, rt.generate([prompt], gen_length=GEN_LENGTH, strategy=strategy)[0])
+    finally:
+        s.stop()
