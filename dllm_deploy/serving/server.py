@@ -219,9 +219,14 @@ class Reaper:
 def _start(handlers: Handlers, config, workspace: Path, instances: int):
     """A running Triton with both models bound, or the start's exception (nothing left running)."""
     from pytriton.model_config import ModelConfig
-    from pytriton.triton import Triton
+    from pytriton.triton import Triton, TritonLifecyclePolicy
 
-    triton = Triton(config=config, workspace=workspace)
+    # the models go into a local model store that tritonserver loads as it starts, so its
+    # /v2/health/ready (strict readiness) turns 200 only once both models answer; by default
+    # PyTriton starts the server first and loads the models over its API afterwards, and the
+    # server said ready 6-7 s before a request could be answered
+    triton = Triton(config=config, workspace=workspace,
+                    triton_lifecycle_policy=TritonLifecyclePolicy(launch_triton_on_startup=False, local_model_store=True))
     try:
         inputs, outputs = _tensors()
         triton.bind(PLAIN, [handlers.plain] * instances, inputs=inputs, outputs=outputs,
