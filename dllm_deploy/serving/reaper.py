@@ -5,7 +5,8 @@ standard input and writes a line ``pid:starttime ... /tmp/folderXXXXXX ...`` nam
 tree (tritonserver, the Python backend stubs and their helpers) and tritonserver's copies of the
 model repository whenever that changes. When the pipe closes — serve exited, normally or by
 SIGKILL — the script SIGKILLs every listed process that still has its recorded start time (so a
-reused pid is never hit) and removes the folders and the scratch folder. Without it a
+reused pid is never hit) and removes the folders, the scratch folder and the shared-memory
+segments PyTriton named after serve's pid (``/dev/shm/pytrtion<pid>-*``, 4 MB each). Without it a
 SIGKILLed serve leaves tritonserver draining for seconds with its ports held (PyTriton only sets a
 parent-death SIGTERM) and the stubs orphaned.
 
@@ -25,7 +26,11 @@ def start_time(pid: int) -> str | None:
         return None
 
 
+SHM = "/dev/shm"
+
+
 def main() -> None:
+    serve = os.getppid()                              # serve started this script
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, signal.SIG_IGN)           # Ctrl-C reaches serve; this waits for the pipe
     tree: set[str] = set()
@@ -40,6 +45,15 @@ def main() -> None:
                 pass
     for folder in [e for e in tree if e.startswith("/")] + sys.argv[1:]:
         shutil.rmtree(folder, ignore_errors=True)
+    try:
+        segments = [n for n in os.listdir(SHM) if n.startswith(f"pytrtion{serve}-")]
+    except OSError:
+        segments = []
+    for name in segments:
+        try:
+            os.unlink(os.path.join(SHM, name))
+        except OSError:
+            pass
 
 
 if __name__ == "__main__":

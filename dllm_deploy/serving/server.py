@@ -12,6 +12,7 @@ Two model names share one scheduler (docs/serving.md):
 from __future__ import annotations
 
 import asyncio
+import errno
 import os
 import queue
 import re
@@ -35,13 +36,29 @@ PLAIN, STREAM = "dllm", "dllm_stream"
 
 
 def check_ports(host: str, ports: dict) -> None:
-    """UserError naming a busy port: PyTriton would otherwise talk to whatever listens there."""
+    """UserError, before anything starts, for a port out of range, port 0 (tritonserver would pick
+    one nobody is told), two flags on one port, a host that does not resolve, or a busy port
+    (PyTriton would otherwise talk to whatever listens there)."""
     for flag, port in ports.items():
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        if isinstance(port, bool) or not isinstance(port, int) or not 1 <= port <= 65535:
+            raise UserError(f"{flag} {port}: a port is a number in 1..65535")
+    seen: dict[int, str] = {}
+    for flag, port in ports.items():
+        if port in seen:
+            raise UserError(f"{flag} {port}: {seen[port]} uses that port already; each needs its own")
+        seen[port] = flag
+    try:
+        family, _, _, _, addr = socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)[0]
+    except (socket.gaierror, UnicodeError) as e:
+        raise UserError(f"--host {host}: not an address of this machine ({getattr(e, 'strerror', None) or e})") from None
+    for flag, port in ports.items():
+        with socket.socket(family, socket.SOCK_STREAM) as s:
             s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             try:
-                s.bind((host, port))
+                s.bind((addr[0], port))
             except OSError as e:
+                if e.errno == errno.EADDRNOTAVAIL:
+                    raise UserError(f"--host {host}: not an address of this machine ({e.strerror})") from None
                 raise UserError(f"{flag} {port}: {host}:{port} is busy ({e.strerror}); pick a free port") from None
 
 

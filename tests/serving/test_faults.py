@@ -1,5 +1,6 @@
 """SIGKILL of `dllm-deploy serve` mid-request: clients get errors at once (no hang), tritonserver
-and its stubs go with it (serving/reaper.py), the ports are free again and the workspace is gone."""
+and its stubs go with it (serving/reaper.py), the ports are free again, the workspace and
+PyTriton's shared-memory segments are gone."""
 from __future__ import annotations
 
 import os
@@ -39,9 +40,11 @@ def test_sigkill_of_serve_mid_load_leaves_nothing(tiny_artifact):
     tree = _descendants(s.proc.pid)
     workspaces = {a for p in tree for a in Path(f"/proc/{p}/cmdline").read_bytes().decode(errors="replace").split("\0")
                   if a.startswith("/tmp/dllm-serve-")}
+    shm = lambda: [n for n in os.listdir("/dev/shm") if n.startswith(f"pytrtion{s.proc.pid}-")]  # noqa: E731
     with ThreadPoolExecutor(16) as ex:
         futures = [ex.submit(post, f"{s.url}/v2/models/dllm/generate", {"text_input": p}, 30) for p in PROMPTS * 4]
         wait(futures, timeout=20, return_when=FIRST_COMPLETED)   # one batch of 2 answered: 14 queued or decoding
+        segments = shm()
         os.kill(s.proc.pid, signal.SIGKILL)
         killed = time.monotonic()
         outcomes = []
@@ -59,4 +62,7 @@ def test_sigkill_of_serve_mid_load_leaves_nothing(tiny_artifact):
     assert [p for p in tree if alive(p)] == [], "processes of the killed server are still running"
     assert all(port_free(p) for p in (s.http, s.grpc, s.metrics))
     assert workspaces and not any(Path(w.split("/pytriton")[0]).exists() for w in workspaces)
+    while time.monotonic() < deadline and shm():
+        time.sleep(0.2)
+    assert segments and shm() == [], "shared-memory segments of the killed server are left"
     s.proc.wait()

@@ -198,3 +198,20 @@ def test_ready_means_every_model_answers(tiny_artifact, offline):
         os.killpg(proc.pid, signal.SIGTERM)
         err = proc.communicate(timeout=60)[1]
     assert "dllm-deploy: serving models dllm and dllm_stream" in err
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--http-port", "70000"], "--http-port 70000: a port is a number in 1..65535"),
+    (["--http-port", "-1"], "--http-port -1: a port is a number in 1..65535"),
+    (["--http-port", "0"], "--http-port 0: a port is a number in 1..65535"),
+    (["--http-port", "{p}", "--grpc-port", "{p}"], "--grpc-port {p}: --http-port uses that port already; each needs its own"),
+    (["--host", "no.such.host.invalid"], "--host no.such.host.invalid: not an address of this machine"),
+])
+def test_flag_mistakes_are_one_line_before_anything_starts(tiny_artifact, flags, message):
+    from .conftest import free_ports, serving_python
+    p = str(free_ports(1)[0])
+    r = subprocess.run([serving_python(), "-m", "dllm_deploy.cli", "serve", "--artifact", str(tiny_artifact[0]),
+                        *[f.format(p=p) for f in flags]], env={**os.environ, "PYTHONPATH": str(ROOT)},
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2
+    assert r.stderr.startswith(f"dllm-deploy: error: {message.format(p=p)}") and r.stderr.count("\n") == 1
