@@ -266,6 +266,17 @@ HFTokenizer::HFTokenizer(const std::string& folder, const std::string& file, con
     for (const auto& kv : tok["model"]["vocab"].items())
       if (kv.value().is_number_integer()) max_id_ = std::max(max_id_, kv.value().get<int64_t>());
   std::stable_sort(added_.begin(), added_.end(), [](const auto& a, const auto& b) { return a.first.size() > b.first.size(); });
+  const bool byte_level = tok.contains("decoder") && tok["decoder"].is_object() &&
+                          tok["decoder"].value("type", "") == "ByteLevel" && tok.contains("model") &&
+                          tok["model"].is_object() && tok["model"].value("type", "") == "BPE";
+  if (byte_level) {
+    byte_level_.assign(static_cast<size_t>(max_id_ + 1), std::string());
+    for (const auto& kv : tok["model"]["vocab"].items())
+      if (kv.value().is_number_integer() && kv.value().get<int64_t>() >= 0)
+        byte_level_[static_cast<size_t>(kv.value().get<int64_t>())] = kv.key();
+    for (const auto& [content, id] : added_)
+      if (id >= 0) byte_level_[static_cast<size_t>(id)] = content;
+  }
   // The extensions' own added-token matcher drops the text after a '<' that begins no added token
   // near the end of the input (0.15.2): the encoder gets none, and encode() splits them off itself.
   nlohmann::json plain_tok = tok, plain_cfg = cfg;
@@ -318,11 +329,55 @@ std::vector<int64_t> HFTokenizer::encode(const std::string& text) const {
   return out;
 }
 
+namespace {
+
+// GPT-2's byte alphabet (tokenizers' ByteLevel): the code point that stands for each byte, inverted.
+const std::array<int, 324>& byte_of_char() {
+  static const std::array<int, 324> table = [] {
+    std::array<int, 324> t;
+    t.fill(-1);
+    int extra = 0;
+    for (int b = 0; b < 256; ++b) {
+      const bool printable = (b >= 33 && b <= 126) || (b >= 161 && b <= 172) || (b >= 174 && b <= 255);
+      t[printable ? b : 256 + extra++] = b;
+    }
+    return t;
+  }();
+  return table;
+}
+
+// One token's bytes: every character through the byte alphabet, or, where one has no byte (an
+// added token's text), the token's own UTF-8 (tokenizers' ByteLevel decoder does the same).
+void append_byte_level(const std::string& token, std::string& out) {
+  std::string bytes;
+  for (size_t i = 0; i < token.size();) {
+    const unsigned char c = static_cast<unsigned char>(token[i]);
+    const int len = c < 0x80 ? 1 : (c >> 5) == 6 ? 2 : (c >> 4) == 14 ? 3 : 4;
+    int cp = len == 1 ? c : c & (0x7F >> len);
+    for (int k = 1; k < len && i + k < token.size(); ++k) cp = (cp << 6) | (token[i + k] & 0x3F);
+    const auto& table = byte_of_char();
+    if (cp < 0 || cp >= static_cast<int>(table.size()) || table[cp] < 0) {
+      out += token;
+      return;
+    }
+    bytes += static_cast<char>(table[cp]);
+    i += len;
+  }
+  out += bytes;
+}
+
+}  // namespace
+
 std::string HFTokenizer::decode(const std::vector<int64_t>& ids) const {
   std::vector<TokenId> kept;
   for (int64_t i : ids) {
     if (i == eos_id_) break;
     if (i >= 0 && i <= max_id_ && !special_.count(i)) kept.push_back(static_cast<TokenId>(i));  // others: dropped
+  }
+  if (!byte_level_.empty()) {
+    std::string bytes;
+    for (TokenId i : kept) append_byte_level(byte_level_[static_cast<size_t>(i)], bytes);
+    return utf8_replace_invalid(bytes);
   }
   if (kept.empty()) return "";  // the C API refuses no ids, and gives U+FFFD for no text
   Owned strings{*lib_};

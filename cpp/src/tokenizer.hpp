@@ -58,6 +58,10 @@ class HFTokenizer : public Tokenizer {
   std::unordered_set<int64_t> special_;  // special added tokens: dropped by decode
   int64_t max_id_ = -1;                  // ids above are no token: dropped by decode
   int64_t eos_id_;
+  // A byte-level BPE (decoder "ByteLevel"): each id's token string, decoded here as tokenizers
+  // does (bytes through GPT-2's byte alphabet, invalid UTF-8 replaced sequence by sequence); the
+  // extensions' detokenizer ends the text at the first invalid sequence. Empty: the extensions decode.
+  std::vector<std::string> byte_level_;
 };
 
 // The manifest's tokenizer: kind "byte" or "hf" (an unknown kind is an artifact error).

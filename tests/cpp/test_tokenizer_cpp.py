@@ -84,16 +84,15 @@ def test_same_ids_on_eval_prompts_and_fuzz_set(cpp_build, hf_artifact):
 
 
 def test_decode_of_id_lists(cpp_build, hf_artifact):
-    """Random ids, unknown and special ones included: Python's text wherever the bytes are valid
-    UTF-8 without NUL (docs/cpp.md: the C++ text ends at an invalid byte, with one U+FFFD, or at a NUL)."""
+    """Random ids, unknown and special ones included: Python's text, invalid UTF-8 replaced
+    sequence by sequence as Python does (one U+FFFD each, the text going on after it)."""
     folder, tok = hf_artifact
     rng = random.Random(5)
     lists = [[rng.randrange(VOCAB) for _ in range(rng.randrange(1, 12))] for _ in range(300)]
     lists += [[], [0], [5, 0, 7], [VOCAB + 7, 40], [40, 10**6]]
     got = _cpp(cpp_build, folder, lists)
-    valid = [(ids, g) for ids, g in zip(lists, got) if not {"\ufffd", "\0"} & set(tok.decode(ids))]
-    assert len(valid) > 60
-    assert [g["text"] for _, g in valid] == [tok.decode(ids) for ids, _ in valid]
+    assert [g["text"] for g in got] == [tok.decode(ids) for ids in lists]
+    assert sum("\ufffd" in tok.decode(ids) for ids in lists) > 30          # many lists hold invalid UTF-8
 
 
 def test_generate_matches_python(cpp_build, hf_artifact):
