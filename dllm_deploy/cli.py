@@ -79,7 +79,16 @@ def _print_chunk(as_json: bool):
 def cmd_generate(a) -> int:
     from .prompts import decode_escapes
     from .runtime.api import decode_config, row_options
-    prompts = [decode_escapes(p) if a.escapes else p for p in a.prompt]
+    if (a.chat is None) == (not a.prompt):
+        raise UserError("give --prompt (one or more) or --chat, not both and not neither")
+    messages = None
+    if a.chat is not None:
+        from .chat import check_messages
+        try:
+            messages = check_messages(json.loads(a.chat))
+        except ValueError as e:
+            raise UserError(f"--chat: not valid JSON ({e})") from None
+    prompts = [decode_escapes(p) if a.escapes else p for p in a.prompt or []]
     if a.stop and a.escapes:
         a.stop = [decode_escapes(s) for s in a.stop]
     decode_config(**_decode_kwargs(a))            # bad options fail before a model is loaded
@@ -87,6 +96,8 @@ def cmd_generate(a) -> int:
         raise UserError("--stream prints one prompt's text as it comes: give one --prompt, or add --json "
                         "(each chunk line names its row)")
     rt = _runtime(a)
+    if messages is not None:
+        prompts = [rt.chat_prompt(messages)]
     dcfg = rt.decode_config(**_decode_kwargs(a))
     results = rt.generate(prompts, [row_options(**_decode_kwargs(a))] * len(prompts), config=dcfg,
                           on_chunk=_print_chunk(a.json) if a.stream else None)
@@ -142,6 +153,7 @@ def cmd_export(a) -> int:
                  block_length=a.block_length, max_beam_width=a.max_beam_width, opset=a.opset, force=a.force, log=log,
                  int4_block_size=a.int4_block_size, int4_symmetric=a.int4_symmetric, sample_pool=a.sample_pool,
                  int8_smooth=a.int8_smooth, int8_calibration=a.int8_calibration, moe_form=a.moe_form,
+                 chat_template=a.chat_template,
                  int8_fp32=[] if a.int8_fp32.strip() == "none" else [x.strip() for x in a.int8_fp32.split(",") if x.strip()])
     if a.json:
         print(json.dumps(res))
@@ -542,7 +554,10 @@ def build_parser() -> argparse.ArgumentParser:
     sub = ap.add_subparsers(dest="command", required=True)
 
     g = sub.add_parser("generate", help="decode one or more prompts")
-    g.add_argument("--prompt", action="append", required=True,
+    g.add_argument("--chat", default=None, metavar="JSON",
+                   help="chat messages, e.g. '[{\"role\": \"user\", \"content\": \"upper: dog\"}]', rendered with "
+                        "the model's chat template into the prompt (instead of --prompt)")
+    g.add_argument("--prompt", action="append", required=False,
                    help="prompt text (repeat for a batch); bytes that are not UTF-8 become U+FFFD")
     g.add_argument("--escapes", action="store_true",
                    help="interpret \\n \\t \\r \\0 \\\\ \\\" \\' \\xHH \\uHHHH \\UHHHHHHHH in prompts and stop strings "
@@ -580,6 +595,9 @@ def build_parser() -> argparse.ArgumentParser:
     x.add_argument("--int8-calibration", default=None, metavar="FILE",
                    help="int8: texts (one per line) the smoothing is calibrated on (default: 32 task prompts with "
                         "their answers; use your own for a real model)")
+    x.add_argument("--chat-template", default=None, metavar="FILE",
+                   help="the chat template the artifact carries (default: the model folder's chat_template.jinja or "
+                        "tokenizer_config.json's chat_template)")
     x.add_argument("--moe-form", choices=["contrib", "gather"], default="contrib",
                    help="mixture-of-experts models: the routed experts as ONNX Runtime's com.microsoft.MoE operator "
                         "(contrib, default) or in standard operators, tokens gathered per expert (gather: TensorRT and "

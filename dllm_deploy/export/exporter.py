@@ -31,6 +31,7 @@ import numpy as np
 from .. import __version__
 from ..artifact import MANIFEST, SAMPLING_NOISE, write_manifest
 from ..artifact.fsio import clean_stale, lock_target, remove_temp_dir, replace_dir, temp_dir
+from ..chat import TEMPLATE_FILE, load_chat_template, special_tokens
 from ..errors import UserError
 from ..models.exclusion import excluded_ids
 from ..models.config import MOE_FORMS
@@ -191,7 +192,8 @@ def export(model: str = "tiny", out: str | Path = "artifact", precisions=("fp32"
            max_beam_width: int = 8, opset: int = DEFAULT_OPSET, force: bool = False, log=print,
            int4_block_size: int = 32, int4_symmetric: bool = True, sample_pool: int | None = None,
            int8_smooth: float = DEFAULT_ALPHA, int8_calibration: str | Path | None = None,
-           int8_fp32=INT8_FP32_DEFAULT, int8_per_channel: bool = True, moe_form: str = "contrib") -> dict:
+           int8_fp32=INT8_FP32_DEFAULT, int8_per_channel: bool = True, moe_form: str = "contrib",
+           chat_template: str | Path | None = None) -> dict:
     """Export ``model`` (``tiny`` or a Hugging Face folder) into the artifact folder ``out``.
     ``int4_block_size`` / ``int4_symmetric``: the int4 variant's quantization (MatMulNBits blocks
     along each weight's input dimension; symmetric = no zero points). ``int8_smooth``: the int8
@@ -201,7 +203,8 @@ def export(model: str = "tiny", out: str | Path = "artifact", precisions=("fp32"
     (False: one per tensor, ONNX Runtime's default). ``sample_pool``: the P most probable tokens the
     graphs sample from (default min(vocabulary, 64)). ``moe_form``: how a mixture-of-experts model's
     routed experts are exported, "contrib" (ONNX Runtime's com.microsoft.MoE) or "gather" (standard
-    operators; models/moe.py)."""
+    operators; models/moe.py). ``chat_template``: a file with the chat template the artifact carries
+    (default: the model folder's, chat.py::load_chat_template)."""
     from ..models.loading import load_model, resolve_model_dir
     from ..models.tokenizer import load_tokenizer
 
@@ -240,6 +243,7 @@ def export(model: str = "tiny", out: str | Path = "artifact", precisions=("fp32"
     t0 = time.time()
     src = resolve_model_dir(model).resolve()
     check_target(out, src, force)
+    chat = load_chat_template(src, chat_template)
     _make_parent(out)
     with lock_target(out):
         check_target(out, src, force)       # again: another process may have written it meanwhile
@@ -257,7 +261,7 @@ def export(model: str = "tiny", out: str | Path = "artifact", precisions=("fp32"
             work.mkdir()
             files, parity_report = _write_artifact(work, module, cfg, tok, src, block_length or cfg.block_size,
                                                    precisions, max_beam_width, opset, log, quant, pool,
-                                                   calibration[0] if calibration else None)
+                                                   calibration[0] if calibration else None, chat)
             replace_dir(work, out, scratch)
         except OSError as e:
             raise UserError(f"{out}: cannot write the artifact: {e.filename or out}: {e.strerror}") from None
@@ -269,7 +273,8 @@ def export(model: str = "tiny", out: str | Path = "artifact", precisions=("fp32"
 
 
 def _write_artifact(tmp: Path, module, cfg, tok, src: Path, L: int, precisions: list, max_beam_width: int,
-                    opset: int, log, quant: dict, pool: int, calibration: list[str] | None = None) -> tuple[dict, dict]:
+                    opset: int, log, quant: dict, pool: int, calibration: list[str] | None = None,
+                    chat: str | None = None) -> tuple[dict, dict]:
     """Every file of the artifact, manifest last, into the empty folder ``tmp``; ``quant``: the
     options of each quantized precision (recorded in the manifest's ``quantization``);
     ``calibration``: the texts the int8 variant's smoothing is calibrated on (None: not smoothed).
@@ -329,6 +334,8 @@ def _write_artifact(tmp: Path, module, cfg, tok, src: Path, L: int, precisions: 
             module = module.float()
     if tok.kind == "hf":
         tok.write_files(src, tmp)
+    if chat is not None:
+        (tmp / TEMPLATE_FILE).write_text(chat, encoding="utf-8")
     manifest = {
         "exporter_version": __version__, "torch_version": torch.__version__, "onnx_opset": opset,
         "model": cfg.to_dict(), "source": str(src),
@@ -346,6 +353,7 @@ def _write_artifact(tmp: Path, module, cfg, tok, src: Path, L: int, precisions: 
                                             "top": ["batch", "tokens", TOPK]}} for g in names},
         "sampling": {"pool": pool, "noise": SAMPLING_NOISE},
         **({"experts": expert_record(cfg, module, files)} if cfg.num_experts else {}),
+        **({"chat": {"template": TEMPLATE_FILE, **special_tokens(src)}} if chat is not None else {}),
         "precisions": files, "quantization": quant, "parity": parity_report,
         "created_s": round(time.time() - t0, 1),
     }

@@ -110,15 +110,17 @@ class MoE(nn.Module):
 
     def _gathered(self, flat, weights, ids, experts):
         """sum over the chosen experts e of weight * expert_e(x), each expert on its tokens only
-        (a token chooses an expert at most once, so the rows an expert adds to are distinct)."""
-        out = torch.zeros_like(flat)                                                     # (N,C)
-        slots = weights.reshape(-1).to(flat.dtype)                                       # (N*k,)
+        (a token chooses an expert at most once, so the rows an expert adds to are distinct). The
+        sum is kept in fp32 whatever the model's precision (ONNX Runtime's CPU provider has no fp16
+        ScatterElements add)."""
+        out = torch.zeros(flat.shape, dtype=torch.float32, device=flat.device)          # (N,C)
+        slots = weights.reshape(-1).float()                                              # (N*k,)
         for e in experts:
             tok, slot = torch.where(ids == e)                                            # (n_e,) each
-            y = self.experts[e](flat.index_select(0, tok))                               # (n_e,C)
+            y = self.experts[e](flat.index_select(0, tok)).float()                       # (n_e,C)
             y = y * slots.index_select(0, tok * self.k + slot)[:, None]
             out = out.scatter_add(0, tok[:, None].expand(-1, flat.shape[-1]), y)
-        return out
+        return out.to(flat.dtype)
 
     def stacked(self):
         """The experts' weights as com.microsoft.MoE reads them: fc1 (E,2F,C), gate and up rows

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from dataclasses import fields
+from pathlib import Path
 from typing import Iterator
 
 from ..decode_rules import OPTIONS, PROFILE_DEFAULT_KEYS, RUNTIME_OPTIONS, option_error, rule_error
@@ -45,6 +46,8 @@ class Runtime:
         self.backend, self.tokenizer, self.config = backend, tokenizer, config
         self.decoder = Decoder(backend, tokenizer, config, max_beam_width=max_beam_width)
         self.profile, self.profile_reasons = None, []
+        self.chat_template: str | None = None   # the model's chat template (chat.py), None: it has none
+        self.chat_variables: dict = {}          # bos_token / eos_token strings the template may read
 
     @classmethod
     def load(cls, model: str | None = "tiny", artifact: str | None = None, backend: str | None = None,
@@ -81,14 +84,22 @@ class Runtime:
             else:
                 rt.decoder.cap_reason = f"the artifact's / profile {prof.name}'s max_beam_width"
             rt.profile, rt.profile_reasons = prof, reasons
+            chat = parts.backend.manifest.get("chat")
+            if isinstance(chat, dict) and isinstance(chat.get("template"), str):
+                rt.chat_template = (Path(artifact) / chat["template"]).read_text(encoding="utf-8")
+                rt.chat_variables = {k: chat[k] for k in ("bos_token", "eos_token") if isinstance(chat.get(k), str)}
             return rt
         if backend not in (None, "torch"):
             raise UserError(f"backend {backend!r} needs an exported artifact (--artifact DIR)")
         from ..models.loading import resolve_model_dir
         from ..models.tokenizer import load_tokenizer
         from .backends.torch_backend import TorchBackend
+        from ..chat import load_chat_template, special_tokens
         be = TorchBackend.load(model or "tiny", device=device)
-        return cls(be, load_tokenizer(resolve_model_dir(model or "tiny"), be.config.eos_token_id), be.config)
+        folder = resolve_model_dir(model or "tiny")
+        rt = cls(be, load_tokenizer(folder, be.config.eos_token_id), be.config)
+        rt.chat_template, rt.chat_variables = load_chat_template(folder), special_tokens(folder)
+        return rt
 
     def memory_facts(self) -> dict:
         """The model as the memory model (profiles/memory.py) reads it: the config and each layer's
@@ -148,6 +159,16 @@ class Runtime:
         keywords; ``on_chunk``: called with every chunk as it comes (docs/streaming.md);
         ``config``: a resolved DecodeConfig instead of decode keywords."""
         return self.decoder.generate(*self._call(prompts, rows, decode, config), on_chunk=on_chunk)
+
+    def chat_prompt(self, messages: list[dict], add_generation_prompt: bool = True) -> str:
+        """The prompt text of chat ``messages`` ([{"role": "user", "content": "..."}]) under the
+        model's chat template (chat.py: rendered as transformers renders it)."""
+        from ..chat import render
+        return render(self.chat_template, messages, add_generation_prompt, **self.chat_variables)
+
+    def chat(self, messages: list[dict], rows: list[RowOptions] | None = None, **decode) -> RowResult:
+        """generate() of the rendered ``messages``: one RowResult."""
+        return self.generate([self.chat_prompt(messages)], rows, **decode)[0]
 
     def stream(self, prompts: str | list[str], rows: list[RowOptions] | None = None, join=None,
                **decode) -> Iterator[dict]:

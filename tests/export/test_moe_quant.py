@@ -60,3 +60,18 @@ def test_rows_round_trip_within_half_a_step():
         back = dequantize_rows(packed, scale, bits, block)
         step = np.repeat(scale, block, -1) if block else scale[..., None]
         assert np.all(np.abs(back - w) <= step / 2 + 1e-6)
+
+
+@pytest.mark.parametrize("form", ["contrib", "gather"])
+def test_every_precision_of_both_forms_runs_on_the_cpu_provider(tmp_path, form):
+    """fp16 included (the gather form sums in fp32: the CPU provider has no fp16 ScatterElements
+    add); the quantized variants' experts are quantized (QMoE, or MatMulNBits / dynamic int8)."""
+    import onnx
+
+    from dllm_deploy.export.exporter import export
+    from tests.conftest import MOE_CONFIGS, write_random_checkpoint
+    rep = export(write_random_checkpoint(tmp_path / "ckpt", MOE_CONFIGS["llada2"]), tmp_path / "art",
+                 precisions=["fp32", "fp16", "int8", "int4"], max_beam_width=2, moe_form=form, log=lambda m: None)
+    assert "skipped" not in rep["parity"]["fp16"] and rep["parity"]["fp16"]["top1_ids_identical"]
+    ops = {n.op_type for n in onnx.load(str(tmp_path / "art" / "int4" / "verify.onnx"), load_external_data=False).graph.node}
+    assert ("QMoE" in ops) == (form == "contrib") and "MoE" not in ops and "MatMulNBits" in ops
