@@ -58,6 +58,8 @@ class Limits:
     max_tokens: int
     max_beam_width: int
     max_queue: int
+    max_stop_words: int = 16        # stop strings a request may give (each is searched in every chunk)
+    max_stop_bytes: int = 256       # UTF-8 bytes of one stop string
 
 
 @dataclass(frozen=True)
@@ -113,12 +115,12 @@ def parse_request(inputs: dict, tokenizer, limits: Limits, defaults: dict) -> Re
         decode["beam_width"] = int(beam_width)
     if threshold is not None:
         decode["threshold"] = float(threshold)
-    row = _row_options(inputs, max_tokens, row_options(**defaults))
+    row = _row_options(inputs, max_tokens, row_options(**defaults), limits)
     stream = _scalar(inputs, "stream")
     return Request(prompt=prompt, decode=decode, row=row, stream=bool(stream) if stream is not None else False)
 
 
-def _row_options(inputs: dict, max_tokens, base: RowOptions) -> RowOptions:
+def _row_options(inputs: dict, max_tokens, base: RowOptions, limits: Limits) -> RowOptions:
     """``base`` (the server's row defaults) with what this request sets."""
     temperature, top_p, top_k, seed = (_scalar(inputs, n) for n in ("temperature", "top_p", "top_k", "seed"))
     if temperature is not None and not float(temperature) >= 0.0:
@@ -127,9 +129,16 @@ def _row_options(inputs: dict, max_tokens, base: RowOptions) -> RowOptions:
         raise BadRequest(f"top_p: {float(top_p)} is outside (0, 1]")
     if top_k is not None and int(top_k) < 0:
         raise BadRequest(f"top_k: {int(top_k)} must be >= 0")
-    stop = tuple(_text(s, "stop_words") for s in np.asarray(inputs["stop_words"] if "stop_words" in inputs else []).reshape(-1))
+    words = np.asarray(inputs["stop_words"] if "stop_words" in inputs else []).reshape(-1)
+    if words.size > limits.max_stop_words:
+        raise BadRequest(f"stop_words: {words.size} stop words, over the server's limit of {limits.max_stop_words}")
+    stop = tuple(_text(s, "stop_words") for s in words)
     if any(not s for s in stop):
         raise BadRequest("stop_words: an empty stop word")
+    long = next((s for s in stop if len(s.encode("utf-8")) > limits.max_stop_bytes), None)
+    if long is not None:
+        raise BadRequest(f"stop_words: a stop word of {len(long.encode('utf-8'))} bytes, over the server's limit of "
+                         f"{limits.max_stop_bytes}")
     given = {"temperature": temperature, "top_k": top_k, "top_p": top_p, "seed": seed, "max_tokens": max_tokens,
              "stop": stop or None}
     cast = {"temperature": float, "top_p": float, "top_k": int, "seed": int, "max_tokens": int, "stop": tuple}

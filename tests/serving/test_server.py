@@ -215,3 +215,18 @@ def test_flag_mistakes_are_one_line_before_anything_starts(tiny_artifact, flags,
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 2
     assert r.stderr.startswith(f"dllm-deploy: error: {message.format(p=p)}") and r.stderr.count("\n") == 1
+
+
+def test_stop_words_are_limited_in_count_and_length(tiny_artifact):
+    """Every stop word is searched in every chunk of the row: a request may not slow its batch-mates
+    with thousands of them (serving/contract.py Limits)."""
+    from dllm_deploy.models.tokenizer import ByteTokenizer
+    from dllm_deploy.serving.contract import BadRequest, Limits, parse_request
+    limits = Limits(max_prompt_tokens=100, max_tokens=32, max_beam_width=4, max_queue=8)
+    base = {"text_input": np.array([b"hello"], dtype=object)}
+    ok = parse_request({**base, "stop_words": np.array([b"a"] * 16, dtype=object)}, ByteTokenizer(), limits, {})
+    assert ok.row.stop == ("a",) * 16
+    with pytest.raises(BadRequest, match="stop_words: 100000 stop words, over the server's limit of 16"):
+        parse_request({**base, "stop_words": np.array([b"a"] * 100000, dtype=object)}, ByteTokenizer(), limits, {})
+    with pytest.raises(BadRequest, match="stop_words: a stop word of 300 bytes, over the server's limit of 256"):
+        parse_request({**base, "stop_words": np.array([b"x" * 300], dtype=object)}, ByteTokenizer(), limits, {})
