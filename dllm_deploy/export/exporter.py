@@ -154,36 +154,46 @@ def _max_diff(a: np.ndarray, b: np.ndarray) -> float:
     return float(np.where(a == b, 0.0, diff).max())
 
 
-def parity(folder: Path, files: dict, module, cfg, shapes, dtype, pool: int,
-           providers=("CPUExecutionProvider",)) -> dict:
-    """Run both graphs in ONNX Runtime and in torch on the same inputs; report max abs diffs.
-    One session is alive at a time, so a big model's check holds one ONNX Runtime copy of the
-    weights beside torch's."""
-    import onnxruntime as ort
+def torch_outputs(module, cfg, shapes, dtype, pool: int) -> dict:
+    """(graph, shape index) -> the torch graph wrapper's outputs (numpy) on the parity inputs."""
     import torch
+    out = {}
+    for g, wrap in GRAPHS.items():
+        graph = wrap(module, TOPK, pool)
+        for i, (b, t, p) in enumerate(shapes):
+            ids, pos, mask, rest = _dummy(cfg, b, t, p, dtype, seed=i)
+            with torch.no_grad():
+                ref = graph(ids, pos, mask, *rest)
+            out[g, i] = [x.numpy() if x.dtype in (torch.int64, torch.int32) else x.float().numpy() for x in ref]
+    return out
+
+
+def parity(folder: Path, files: dict, refs: dict, cfg, shapes, dtype,
+           providers=("CPUExecutionProvider",)) -> dict:
+    """Run both graphs in ONNX Runtime on the parity inputs and compare with torch's outputs
+    ``refs`` (torch_outputs); report max abs diffs. One session is alive at a time."""
+    import onnxruntime as ort
     so = ort.SessionOptions()
     so.log_severity_level = 3
     names = io_names(cfg.num_layers)
     worst = {"prefill_logits": 0.0, "prefill_kv": 0.0, "verify_probs": 0.0}
     ids_equal = True
-    for g, wrap in GRAPHS.items():
+    for g in GRAPHS:
         sess = ort.InferenceSession(str(folder / files[g]), so, providers=list(providers))
-        graph = wrap(module, TOPK, pool)
         for i, (b, t, p) in enumerate(shapes):
             ids, pos, mask, rest = _dummy(cfg, b, t, p, dtype, seed=i)
             feeds = {"input_ids": ids.numpy(), "position_ids": pos.numpy(), "attention_mask": mask.numpy()}
             feeds.update({n: x.numpy() for n, x in zip(names["prefill"]["inputs"][3:], rest)})
-            with torch.no_grad():
-                ref = graph(ids, pos, mask, *rest)
+            ref = refs[g, i]
             got = sess.run(None, feeds)
             if g == "prefill":
-                worst["prefill_logits"] = max(worst["prefill_logits"], _max_diff(got[0], ref[0].float().numpy()))
-                kv = max(float(np.abs(o.astype(np.float32) - x.float().numpy()).max()) for o, x in zip(got[3:], ref[3:]))
+                worst["prefill_logits"] = max(worst["prefill_logits"], _max_diff(got[0], ref[0]))
+                kv = max(float(np.abs(o.astype(np.float32) - x).max()) for o, x in zip(got[3:], ref[3:]))
                 worst["prefill_kv"] = max(worst["prefill_kv"], kv)
             else:
-                worst["verify_probs"] = max(worst["verify_probs"], float(np.abs(got[1] - ref[1].numpy()).max()))
+                worst["verify_probs"] = max(worst["verify_probs"], float(np.abs(got[1] - ref[1]).max()))
                 # top-1 ids must agree (ties among lower ranks may legitimately swap)
-                ids_equal &= bool((got[0][..., 0] == ref[0].numpy()[..., 0]).all())
+                ids_equal &= bool((got[0][..., 0] == ref[0][..., 0]).all())
         del sess
     return {"max_abs_diff": worst, "top1_ids_identical": ids_equal, "shapes": [list(s) for s in shapes]}
 
@@ -250,6 +260,8 @@ def export(model: str = "tiny", out: str | Path = "artifact", precisions=("fp32"
         clean_stale(out)
         module, cfg = load_model(src, attention="eager")
         module.set_moe_form(moe_form)
+        held = {"module": module}       # _write_artifact drops the module once no variant needs it
+        del module
         pool = _sample_pool(sample_pool, cfg.vocab_size)
         tok = load_tokenizer(src, cfg.eos_token_id)
         try:
@@ -259,7 +271,7 @@ def export(model: str = "tiny", out: str | Path = "artifact", precisions=("fp32"
         try:
             work = scratch / "artifact"
             work.mkdir()
-            files, parity_report = _write_artifact(work, module, cfg, tok, src, block_length or cfg.block_size,
+            files, parity_report = _write_artifact(work, held, cfg, tok, src, block_length or cfg.block_size,
                                                    precisions, max_beam_width, opset, log, quant, pool,
                                                    calibration[0] if calibration else None, chat)
             replace_dir(work, out, scratch)
@@ -272,17 +284,26 @@ def export(model: str = "tiny", out: str | Path = "artifact", precisions=("fp32"
             "sizes_bytes": sizes, "parity": parity_report, "seconds": round(time.time() - t0, 1)}
 
 
-def _write_artifact(tmp: Path, module, cfg, tok, src: Path, L: int, precisions: list, max_beam_width: int,
+def _write_artifact(tmp: Path, held: dict, cfg, tok, src: Path, L: int, precisions: list, max_beam_width: int,
                     opset: int, log, quant: dict, pool: int, calibration: list[str] | None = None,
                     chat: str | None = None) -> tuple[dict, dict]:
     """Every file of the artifact, manifest last, into the empty folder ``tmp``; ``quant``: the
     options of each quantized precision (recorded in the manifest's ``quantization``);
     ``calibration``: the texts the int8 variant's smoothing is calibrated on (None: not smoothed).
     int8 comes last, as its smoothing rewrites the module's weights in place (one copy in memory);
-    an fp16 variant before it is then traced from a half-precision copy."""
+    an fp16 variant before it is then traced from a half-precision copy. ``held["module"]``: the
+    torch module, released as soon as no variant still to come needs it (the quantized variants
+    are made from the fp32 graphs and checked against the fp32 module's outputs, kept as arrays),
+    so it is not resident beside their quantizers and ONNX Runtime sessions."""
+    import gc
+
     import onnx
     import torch
     t0 = time.time()
+    module = held.pop("module")
+    form = next((m.form for m in module.modules() if hasattr(m, "form")), None)
+    order = sorted(precisions, key=lambda p: (p != "fp32", p == "int8"))
+    last_use = max(i for i, p in enumerate(order) if p in ("fp32", "fp16") or (p == "int8" and calibration))
     names = io_names(cfg.num_layers)
     family = get_family(cfg.layout)
     caps = family.capabilities(cfg)
@@ -292,7 +313,8 @@ def _write_artifact(tmp: Path, module, cfg, tok, src: Path, L: int, precisions: 
     files: dict[str, dict] = {}
     parity_report: dict[str, dict] = {}
     shapes = [(1, 24, 0), (2, L, 24), (1, 2 * L, 40), (1, max_beam_width * L, 48)]
-    for prec in sorted(precisions, key=lambda p: (p != "fp32", p == "int8")):
+    refs32 = None
+    for step, prec in enumerate(order):
         log(f"export {prec} ...")
         sub = tmp if prec == "fp32" else tmp / prec
         sub.mkdir(exist_ok=True)
@@ -300,9 +322,9 @@ def _write_artifact(tmp: Path, module, cfg, tok, src: Path, L: int, precisions: 
         trace = tmp.parent / "trace"
         bases: dict = {}
         if prec in QUANTIZED:
-            dtype, mod = torch.float32, module
+            dtype, mod = torch.float32, None
             if prec == "int4":
-                graphs = _int4_variant(tmp, quant["int4"])
+                graphs, bases = _int4_variant(tmp, quant["int4"], trace)
             elif calibration:
                 log(f"smooth int8 (alpha {quant['int8']['smooth']['alpha']}, {len(calibration)} calibration texts) ...")
                 smooth_(module, cfg, input_ranges(module, cfg, tok, calibration, L), quant["int8"]["smooth"]["alpha"])
@@ -321,16 +343,23 @@ def _write_artifact(tmp: Path, module, cfg, tok, src: Path, L: int, precisions: 
         for g, m in graphs.items():
             onnx.save(m, str(sub / f"{g}.onnx"))
         files[prec] = {**{g: f"{rel}{g}.onnx" for g in GRAPHS}, "weights": f"{rel}weights.bin"}
+        if mod is not None:
+            gc.collect()                # the trace's tensors, before the reference forwards
+            refs = torch_outputs(mod, cfg, shapes, dtype, pool)
+            refs32 = refs if prec == "fp32" else refs32
+        if step >= last_use:            # no variant to come traces the module again
+            module = mod = None
+            gc.collect()
         log(f"parity {prec} ...")
         try:
-            parity_report[prec] = parity(tmp, files[prec], mod, cfg, shapes, dtype, pool)
+            parity_report[prec] = parity(tmp, files[prec], refs if prec not in QUANTIZED else refs32, cfg, shapes, dtype)
             if prec in QUANTIZED:
                 parity_report[prec]["note"] = "quantized: compared with fp32 torch, top-1 may differ"
         except Exception as e:  # fp16 kernels may be missing on the CPU execution provider
             if prec == "fp32":
                 raise
             parity_report[prec] = {"skipped": f"ONNX Runtime CPU could not run it here: {type(e).__name__}"}
-        if prec == "fp16" and mod is module:
+        if prec == "fp16" and module is not None and mod is module:
             module = module.float()
     if tok.kind == "hf":
         tok.write_files(src, tmp)
@@ -352,7 +381,7 @@ def _write_artifact(tmp: Path, module, cfg, tok, src: Path, L: int, precisions: 
                                             "top_k": ["batch"], "top_p": ["batch"],
                                             "top": ["batch", "tokens", TOPK]}} for g in names},
         "sampling": {"pool": pool, "noise": SAMPLING_NOISE},
-        **({"experts": expert_record(cfg, module, files)} if cfg.num_experts else {}),
+        **({"experts": expert_record(cfg, form, files)} if cfg.num_experts else {}),
         **({"chat": {"template": TEMPLATE_FILE, **special_tokens(src)}} if chat is not None else {}),
         "precisions": files, "quantization": quant, "parity": parity_report,
         "created_s": round(time.time() - t0, 1),
@@ -364,10 +393,9 @@ def _write_artifact(tmp: Path, module, cfg, tok, src: Path, L: int, precisions: 
     return files, parity_report
 
 
-def expert_record(cfg, module, files: dict) -> dict:
+def expert_record(cfg, form: str, files: dict) -> dict:
     """The manifest's ``experts``: the routing, and per precision the form the routed experts run in
     (docs/moe.md): "contrib" (com.microsoft.MoE) or "gather" (standard operators)."""
-    form = next(m.form for m in module.modules() if hasattr(m, "form"))
     return {"num_experts": cfg.num_experts, "experts_per_token": cfg.experts_per_token, "router": cfg.router,
             "form": {p: form for p in files}}
 
@@ -441,12 +469,14 @@ def _make_parent(out: Path) -> None:
         raise UserError(f"{out}: cannot create {e.filename or out.parent} ({e.strerror})") from None
 
 
-def _int4_variant(fp32_dir: Path, opts: dict) -> dict:
+def _int4_variant(fp32_dir: Path, opts: dict, spill: Path) -> tuple[dict, dict]:
     """Weight-only int4 (ONNX Runtime's MatMulNBits, the format of ONNX Runtime GenAI's LLMs) of
     the fp32 graphs: every MatMul with a constant weight, in blocks of ``opts['block_size']``
-    input rows, one fp32 scale (and, asymmetric, one 4-bit zero point) per block."""
+    input rows, one fp32 scale (and, asymmetric, one 4-bit zero point) per block. One graph at a
+    time: each is written with its weights beside it under ``spill`` before the next is loaded.
+    Returns (graphs without their weights loaded, their folders) for share_weights."""
     import onnx
-    graphs = {}
+    graphs, bases = {}, {}
     with _quiet_root_logger():
         from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
         for g in GRAPHS:
@@ -455,9 +485,14 @@ def _int4_variant(fp32_dir: Path, opts: dict) -> dict:
                                      op_types_to_quantize=tuple(opts["op_types"]),
                                      nodes_to_exclude=_matmuls(model.graph, [ROUTER]))
             q.process()
-            graphs[g] = q.model.model
-            quantize_experts(graphs[g], 4, opts["block_size"])
-    return graphs
+            quantize_experts(q.model.model, 4, opts["block_size"])
+            bases[g] = spill / g
+            bases[g].mkdir(parents=True)
+            onnx.save_model(q.model.model, str(bases[g] / f"{g}.onnx"), save_as_external_data=True,
+                            all_tensors_to_one_file=True, location="data", size_threshold=1024)
+            del q, model
+            graphs[g] = onnx.load(str(bases[g] / f"{g}.onnx"), load_external_data=False)
+    return graphs, bases
 
 
 @contextlib.contextmanager
