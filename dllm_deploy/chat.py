@@ -34,11 +34,7 @@ def load_chat_template(folder: str | Path, override: str | Path | None = None) -
     folder = Path(folder)
     if (folder / TEMPLATE_FILE).is_file():
         return (folder / TEMPLATE_FILE).read_text(encoding="utf-8")
-    try:
-        cfg = json.loads((folder / "tokenizer_config.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    t = cfg.get("chat_template") if isinstance(cfg, dict) else None
+    t = _tokenizer_config(folder).get("chat_template")
     if isinstance(t, list):
         named = {x.get("name"): x.get("template") for x in t if isinstance(x, dict)}
         t = named.get("default")
@@ -47,17 +43,22 @@ def load_chat_template(folder: str | Path, override: str | Path | None = None) -
 
 def special_tokens(folder: str | Path) -> dict:
     """``bos_token`` / ``eos_token`` strings of tokenizer_config.json (a string or {"content": ...})."""
-    try:
-        cfg = json.loads((Path(folder) / "tokenizer_config.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return {}
-    out = {}
+    cfg, out = _tokenizer_config(Path(folder)), {}
     for key in ("bos_token", "eos_token"):
-        v = cfg.get(key) if isinstance(cfg, dict) else None
+        v = cfg.get(key)
         v = v.get("content") if isinstance(v, dict) else v
         if isinstance(v, str):
             out[key] = v
     return out
+
+
+def _tokenizer_config(folder: Path) -> dict:
+    """The folder's tokenizer_config.json ({} when it has none or it is not a JSON object)."""
+    try:
+        cfg = json.loads((folder / "tokenizer_config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return cfg if isinstance(cfg, dict) else {}
 
 
 def _environment():

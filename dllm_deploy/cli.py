@@ -14,6 +14,7 @@ from pathlib import Path
 from .decode_rules import OPTIONS
 from .errors import UserError
 from .runtime.tree import DEFAULT_TREE, PRESETS
+from .models.config import MOE_FORMS
 from .profiles.memory import INT8_FP32_DEFAULT
 
 
@@ -598,7 +599,7 @@ def build_parser() -> argparse.ArgumentParser:
     x.add_argument("--chat-template", default=None, metavar="FILE",
                    help="the chat template the artifact carries (default: the model folder's chat_template.jinja or "
                         "tokenizer_config.json's chat_template)")
-    x.add_argument("--moe-form", choices=["contrib", "gather"], default="contrib",
+    x.add_argument("--moe-form", choices=MOE_FORMS, default="contrib",
                    help="mixture-of-experts models: the routed experts as ONNX Runtime's com.microsoft.MoE operator "
                         "(contrib, default) or in standard operators, tokens gathered per expert (gather: TensorRT and "
                         "other providers); docs/moe.md")

@@ -273,7 +273,7 @@ def export(model: str = "tiny", out: str | Path = "artifact", precisions=("fp32"
             work.mkdir()
             files, parity_report = _write_artifact(work, held, cfg, tok, src, block_length or cfg.block_size,
                                                    precisions, max_beam_width, opset, log, quant, pool,
-                                                   calibration[0] if calibration else None, chat)
+                                                   calibration[0] if calibration else None, chat, moe_form)
             replace_dir(work, out, scratch)
         except OSError as e:
             raise UserError(f"{out}: cannot write the artifact: {e.filename or out}: {e.strerror}") from None
@@ -286,7 +286,7 @@ def export(model: str = "tiny", out: str | Path = "artifact", precisions=("fp32"
 
 def _write_artifact(tmp: Path, held: dict, cfg, tok, src: Path, L: int, precisions: list, max_beam_width: int,
                     opset: int, log, quant: dict, pool: int, calibration: list[str] | None = None,
-                    chat: str | None = None) -> tuple[dict, dict]:
+                    chat: str | None = None, moe_form: str = "contrib") -> tuple[dict, dict]:
     """Every file of the artifact, manifest last, into the empty folder ``tmp``; ``quant``: the
     options of each quantized precision (recorded in the manifest's ``quantization``);
     ``calibration``: the texts the int8 variant's smoothing is calibrated on (None: not smoothed).
@@ -301,7 +301,6 @@ def _write_artifact(tmp: Path, held: dict, cfg, tok, src: Path, L: int, precisio
     import torch
     t0 = time.time()
     module = held.pop("module")
-    form = next((m.form for m in module.modules() if hasattr(m, "form")), None)
     order = sorted(precisions, key=lambda p: (p != "fp32", p == "int8"))
     last_use = max(i for i, p in enumerate(order) if p in ("fp32", "fp16") or (p == "int8" and calibration))
     names = io_names(cfg.num_layers)
@@ -381,7 +380,7 @@ def _write_artifact(tmp: Path, held: dict, cfg, tok, src: Path, L: int, precisio
                                             "top_k": ["batch"], "top_p": ["batch"],
                                             "top": ["batch", "tokens", TOPK]}} for g in names},
         "sampling": {"pool": pool, "noise": SAMPLING_NOISE},
-        **({"experts": expert_record(cfg, form, files)} if cfg.num_experts else {}),
+        **({"experts": expert_record(cfg, moe_form, files)} if cfg.num_experts else {}),
         **({"chat": {"template": TEMPLATE_FILE, **special_tokens(src)}} if chat is not None else {}),
         "precisions": files, "quantization": quant, "parity": parity_report,
         "created_s": round(time.time() - t0, 1),

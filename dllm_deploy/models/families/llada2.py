@@ -10,6 +10,7 @@ from ...errors import UserError
 from ..capabilities import block_causal
 from ..config import DLLMConfig
 from ..registry import Family, NameMap
+from .qwen2 import head_dim, qwen_fields
 
 NAMES = NameMap(pairs=(
     ("model.embed_tokens.weight", "model.word_embeddings.weight"),
@@ -35,21 +36,12 @@ def config(raw: dict, source: str) -> DLLMConfig:
     if raw.get("expert_capacity") or raw.get("use_bias") or raw.get("norm_head"):
         key = next(k for k in ("expert_capacity", "use_bias", "norm_head") if raw.get(k))
         raise UserError(f"{source}: {key} is not supported (no released LLaDA 2.x checkpoint sets it)")
-    heads, hidden = int(raw["num_attention_heads"]), int(raw["hidden_size"])
-    head_dim = int(raw.get("head_dim") or hidden // heads)
-    experts = int(raw["num_experts"])
     return DLLMConfig(
-        layout="llada2", model_type=str(raw.get("model_type", "")).lower(),
-        vocab_size=int(raw["vocab_size"]), hidden_size=hidden, num_layers=int(raw["num_hidden_layers"]),
-        num_heads=heads, num_kv_heads=int(raw.get("num_key_value_heads") or heads), head_dim=head_dim,
-        intermediate_size=int(raw["intermediate_size"]),
-        rotary_dim=int(head_dim * float(raw.get("partial_rotary_factor", 1.0))),
-        rope_theta=float(raw.get("rope_theta", 600000.0)), rms_norm_eps=float(raw.get("rms_norm_eps", 1e-6)),
-        max_seq=int(raw.get("max_position_embeddings", 16384)),
-        tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
+        **qwen_fields(raw, "llada2", rope_theta=600000.0, max_position_embeddings=16384),
+        rotary_dim=int(head_dim(raw) * float(raw.get("partial_rotary_factor", 1.0))),
         attention="block_causal", block_size=int(raw.get("block_size", 32)),
         qkv_bias=bool(raw.get("use_qkv_bias", False)), qk_norm=bool(raw.get("use_qk_norm", True)), fused_qkv=True,
-        num_experts=experts, experts_per_token=int(raw["num_experts_per_tok"]),
+        num_experts=int(raw["num_experts"]), experts_per_token=int(raw["num_experts_per_tok"]),
         expert_size=int(raw["moe_intermediate_size"]),
         shared_expert_size=int(raw.get("moe_shared_expert_intermediate_size")
                                or int(raw["moe_intermediate_size"]) * int(raw.get("num_shared_experts") or 0)),

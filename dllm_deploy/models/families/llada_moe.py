@@ -8,6 +8,7 @@ from ...errors import UserError
 from ..capabilities import bidirectional
 from ..config import DLLMConfig
 from ..registry import Family
+from .qwen2 import head_dim, qwen_fields
 
 
 def config(raw: dict, source: str) -> DLLMConfig:
@@ -19,17 +20,10 @@ def config(raw: dict, source: str) -> DLLMConfig:
     freq = raw.get("moe_layer_freq", 1)
     if not all(int(x) == 1 for x in (freq if isinstance(freq, list) else [freq])):
         raise UserError(f"{source}: dense layers among the experts (moe_layer_freq) are not supported")
-    heads, hidden = int(raw["num_attention_heads"]), int(raw["hidden_size"])
-    head_dim = int(raw.get("head_dim") or hidden // heads)
     return DLLMConfig(
-        layout="llada_moe", model_type=str(raw.get("model_type", "")).lower(),
-        vocab_size=int(raw["vocab_size"]), hidden_size=hidden, num_layers=int(raw["num_hidden_layers"]),
-        num_heads=heads, num_kv_heads=int(raw.get("num_key_value_heads") or heads), head_dim=head_dim,
-        intermediate_size=int(raw.get("dense_intermediate_size") or raw["expert_intermediate_size"]),
-        rotary_dim=int(head_dim * float(raw.get("partial_rotary_factor", 1.0))),
-        rope_theta=float(raw.get("rope_theta", 50000.0)), rms_norm_eps=float(raw.get("rms_norm_eps", 1e-5)),
-        max_seq=int(raw.get("max_position_embeddings", 8192)),
-        tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
+        **qwen_fields(raw, "llada_moe", rope_theta=50000.0, rms_norm_eps=1e-5, max_position_embeddings=8192,
+                      intermediate_size=raw.get("dense_intermediate_size") or raw["expert_intermediate_size"]),
+        rotary_dim=int(head_dim(raw) * float(raw.get("partial_rotary_factor", 1.0))),
         attention="bidirectional", block_size=int(raw.get("block_size", 32)),
         qkv_bias=bool(raw.get("attention_bias", False)), qk_norm=bool(raw.get("qk_layernorm", True)),
         num_experts=int(raw["num_experts"]), experts_per_token=int(raw["num_experts_per_tok"]),
