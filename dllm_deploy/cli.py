@@ -466,11 +466,27 @@ def cmd_serve(a) -> int:
     from .serving.server import check_environment, check_ports, serve
     _check_serve_flags(a)
     ports = {"--http-port": a.http_port, "--grpc-port": a.grpc_port, "--metrics-port": a.metrics_port}
+    if a.openai_port is not None:
+        ports["--openai-port"] = a.openai_port
     check_environment()
     check_ports(a.host, ports)
     rt = _runtime(a)
     defaults, limits = _serve_limits(a, rt)
-    serve(rt, a.host, ports, limits, defaults, instances=a.max_batch_size, continuous=not a.static_batches)
+    serve(rt, a.host, ports, limits, defaults, instances=a.max_batch_size, continuous=not a.static_batches,
+          model_name=a.served_model_name or Path(a.artifact or a.model or "tiny").resolve().name)
+    return 0
+
+
+def cmd_openai(a) -> int:
+    from .serving.openai_api import Frontend, Server
+    from .serving.server import check_ports
+    host, sep, port = a.triton_url.rpartition(":")
+    if not sep or not host or not port.isdigit():
+        raise UserError(f"--triton-url {a.triton_url}: expected HOST:GRPC_PORT, e.g. 127.0.0.1:8001")
+    check_ports(a.host, {"--port": a.port})
+    print(f"dllm-deploy: OpenAI API for model {a.served_model_name} at http://{a.host}:{a.port}/v1 "
+          f"(Triton gRPC {a.triton_url})", file=sys.stderr, flush=True)
+    Server(Frontend(a.triton_url, a.served_model_name), a.host, a.port).run()
     return 0
 
 
@@ -697,7 +713,18 @@ def build_parser() -> argparse.ArgumentParser:
     _add_limit_flags(sv)
     sv.add_argument("--static-batches", action="store_true",
                     help="requests wait for the next batch instead of joining a running one at a block boundary")
+    sv.add_argument("--openai-port", type=int, default=None,
+                    help="also serve the OpenAI API (/v1/completions, /v1/chat/completions, /v1/models) on this port")
+    sv.add_argument("--served-model-name", default=None,
+                    help="the model id OpenAI clients send (default: the artifact folder's name)")
     sv.set_defaults(func=cmd_serve)
+
+    oa = sub.add_parser("openai", help="an OpenAI API frontend over a running serve's gRPC port (docs/serving.md)")
+    oa.add_argument("--triton-url", required=True, help="the server's gRPC endpoint, HOST:PORT (serve --grpc-port)")
+    oa.add_argument("--host", default="127.0.0.1", help="bind address (default loopback)")
+    oa.add_argument("--port", type=int, default=8080)
+    oa.add_argument("--served-model-name", default="dllm", help="the model id OpenAI clients send")
+    oa.set_defaults(func=cmd_openai)
 
     tr = sub.add_parser("triton-repo", help="write a Triton model repository for a stock tritonserver (docs/serving.md)")
     _add_decode_flags(tr, json_flag=False)

@@ -2,9 +2,12 @@
 
 One request = one prompt (the tensors carry no batch dimension): the server batches requests
 itself (scheduler.py), so a bad request fails alone and never takes a batch's other rows with it.
-Every optional input falls back to the server's default (profile, then flags)."""
+The prompt is ``text_input`` (text as is) or ``messages`` (a JSON list of chat messages, rendered
+with the artifact's chat template: chat.py); exactly one of the two. Every other optional input
+falls back to the server's default (profile, then flags)."""
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -16,7 +19,8 @@ from ..runtime.rows import RowOptions
 
 # (name, numpy dtype, shape, optional); BYTES tensors are numpy object arrays of bytes
 INPUTS = [
-    ("text_input", bytes, (1,), False),
+    ("text_input", bytes, (1,), True),
+    ("messages", bytes, (1,), True),
     ("max_tokens", np.int32, (1,), True),
     ("temperature", np.float32, (1,), True),
     ("top_p", np.float32, (1,), True),
@@ -33,6 +37,7 @@ OUTPUTS = [
     ("token_ids", np.int32, (-1,)),
     ("forwards", np.int32, (1,)),
     ("finish_reason", bytes, (1,)),
+    ("prompt_tokens", np.int32, (1,)),
 ]
 STRATEGIES = tuple(OPTIONS["strategy"].choices)
 
@@ -68,6 +73,7 @@ class Request:
     decode: dict          # batch options: requests with equal ones decode in one batch
     row: RowOptions       # this request's own sampling and stopping
     stream: bool
+    prompt_tokens: int = 0   # the prompt's length in tokens (usage counts)
 
 
 def _scalar(inputs: dict, name: str):
@@ -87,16 +93,39 @@ def _text(value, name: str) -> str:
         raise BadRequest(f"{name}: not UTF-8 text") from None
 
 
-def parse_request(inputs: dict, tokenizer, limits: Limits, defaults: dict) -> Request:
+def _prompt(inputs: dict, chat) -> tuple[str, str]:
+    """(prompt text, the input it came from): ``text_input`` as is, or ``messages`` rendered by
+    ``chat`` (messages -> text; None: this server renders no chat)."""
+    given = [name for name in ("text_input", "messages") if name in inputs]
+    if len(given) != 1:
+        raise BadRequest("text_input: give a prompt (text_input) or chat messages (messages), exactly one of the two")
+    name = given[0]
+    text = _text(_scalar(inputs, name), name)
+    if name == "text_input":
+        return text, name
+    if chat is None:
+        raise BadRequest("messages: this server renders no chat templates; send text_input")
+    try:
+        messages = json.loads(text)
+    except ValueError as e:
+        raise BadRequest(f"messages: not JSON ({e})") from None
+    try:
+        return chat(messages), name
+    except UserError as e:
+        raise BadRequest(f"messages: {e}") from None
+
+
+def parse_request(inputs: dict, tokenizer, limits: Limits, defaults: dict, chat=None) -> Request:
     """A Request from one request's tensors, or BadRequest naming the input at fault.
     ``defaults``: the server's decode options (strategy, beam_width, gen_length..., and the row
-    options every request starts from: temperature, seed, max_tokens, stop...)."""
-    prompt = _text(_scalar(inputs, "text_input"), "text_input")
+    options every request starts from: temperature, seed, max_tokens, stop...); ``chat``: renders
+    a ``messages`` input (Runtime.chat_prompt)."""
+    prompt, source = _prompt(inputs, chat)
     n_prompt = len(tokenizer.encode(prompt))
     if n_prompt == 0:
-        raise BadRequest("text_input: empty prompt")
+        raise BadRequest(f"{source}: empty prompt")
     if n_prompt > limits.max_prompt_tokens:
-        raise BadRequest(f"text_input: prompt of {n_prompt} tokens is over the server's limit of {limits.max_prompt_tokens}")
+        raise BadRequest(f"{source}: prompt of {n_prompt} tokens is over the server's limit of {limits.max_prompt_tokens}")
     max_tokens = _scalar(inputs, "max_tokens")
     if max_tokens is not None and not 1 <= int(max_tokens) <= limits.max_tokens:
         raise BadRequest(f"max_tokens: {int(max_tokens)} is outside 1..{limits.max_tokens} (the server's token budget)")
@@ -117,7 +146,7 @@ def parse_request(inputs: dict, tokenizer, limits: Limits, defaults: dict) -> Re
         decode["threshold"] = float(threshold)
     row = _row_options(inputs, max_tokens, row_options(**defaults), limits)
     stream = _scalar(inputs, "stream")
-    return Request(prompt=prompt, decode=decode, row=row, stream=bool(stream) if stream is not None else False)
+    return Request(prompt=prompt, prompt_tokens=n_prompt, decode=decode, row=row, stream=bool(stream) if stream is not None else False)
 
 
 def _row_options(inputs: dict, max_tokens, base: RowOptions, limits: Limits) -> RowOptions:
@@ -155,9 +184,10 @@ def check_with_runtime(runtime, request: Request) -> None:
         raise BadRequest(str(e)) from None
 
 
-def response(text: str, token_ids: list[int], forwards: int, finish_reason: str | None) -> dict:
+def response(text: str, token_ids: list[int], forwards: int, finish_reason: str | None, prompt_tokens: int) -> dict:
     """The output tensors of one response (a whole result or one streamed chunk)."""
     return {"text_output": np.array([text.encode("utf-8")], dtype=object),
             "token_ids": np.asarray(token_ids, dtype=np.int32).reshape(-1),
             "forwards": np.array([forwards], dtype=np.int32),
-            "finish_reason": np.array([(finish_reason or "").encode()], dtype=object)}
+            "finish_reason": np.array([(finish_reason or "").encode()], dtype=object),
+            "prompt_tokens": np.array([prompt_tokens], dtype=np.int32)}

@@ -117,7 +117,7 @@ class Handlers:
         self.runtime, self.scheduler, self.limits, self.defaults = runtime, scheduler, limits, defaults
 
     def _parse(self, inputs: dict):
-        request = parse_request(inputs, self.runtime.tokenizer, self.limits, self.defaults)
+        request = parse_request(inputs, self.runtime.tokenizer, self.limits, self.defaults, chat=self.runtime.chat_prompt)
         check_with_runtime(self.runtime, request)
         return request
 
@@ -130,7 +130,7 @@ class Handlers:
                 raise BadRequest(f"stream: model {PLAIN} answers once; stream from model {STREAM}")
             box: queue.Queue = queue.Queue()
             self.scheduler.submit(request, box.put)
-            out.append(collect(iter(box.get, None)))
+            out.append(collect(iter(box.get, None), request.prompt_tokens))
         return out
 
     async def stream(self, requests: list):
@@ -146,16 +146,17 @@ class Handlers:
                 if isinstance(chunk, Exception):
                     raise chunk
                 if request.stream:
-                    yield [response(chunk["delta"], chunk["token_ids"], chunk["forwards"], chunk["finish_reason"])]
+                    yield [response(chunk["delta"], chunk["token_ids"], chunk["forwards"], chunk["finish_reason"],
+                                    request.prompt_tokens)]
                 else:
                     chunks.append(chunk)
                 if chunk["finish_reason"] is not None:
                     break
             if not request.stream:
-                yield [collect(iter(chunks))]
+                yield [collect(iter(chunks), request.prompt_tokens)]
 
 
-def collect(chunks) -> dict:
+def collect(chunks, prompt_tokens: int) -> dict:
     """One whole response from a row's chunks (concatenated deltas and ids, the last counts)."""
     text, ids = [], []
     for chunk in chunks:
@@ -164,7 +165,7 @@ def collect(chunks) -> dict:
         text.append(chunk["delta"])
         ids.extend(chunk["token_ids"])
         if chunk["finish_reason"] is not None:
-            return response("".join(text), ids, chunk["forwards"], chunk["finish_reason"])
+            return response("".join(text), ids, chunk["forwards"], chunk["finish_reason"], prompt_tokens)
     raise BadRequest("the decode ended without a result")
 
 
@@ -250,18 +251,63 @@ def _start(handlers: Handlers, config, workspace: Path, instances: int):
                     config=ModelConfig(batching=False))
         triton.bind(STREAM, handlers.stream, inputs=inputs, outputs=outputs,
                     config=ModelConfig(batching=False, decoupled=True))
-        triton.run()
+        _run_watched(triton)
         return triton
     except BaseException:
         triton.stop()
         raise
 
 
+class StartFailed(Exception):
+    """tritonserver exited while it loaded the models."""
+
+
+def _run_watched(triton) -> None:
+    """``triton.run()``, or StartFailed as soon as tritonserver exits during it: with the models in
+    a local store, a model that fails to load makes tritonserver exit at once, while run() would go
+    on waiting for its readiness for DEFAULT_TRITON_STARTUP_TIMEOUT_S (120 s). run() stays in this
+    thread (PyTriton gives tritonserver a parent-death signal, sent when the starting *thread*
+    ends); a watcher interrupts it through SIGUSR1's handler (main thread only)."""
+    if threading.current_thread() is not threading.main_thread():
+        triton.run()
+        return
+    stop, died = threading.Event(), threading.Event()
+
+    def watch():
+        while not stop.wait(0.25):
+            server = getattr(triton, "_triton_server", None)
+            if getattr(server, "_tritonserver_running_cmd", None) is not None and not server.is_alive():
+                died.set()
+                signal.pthread_kill(threading.main_thread().ident, signal.SIGUSR1)   # wakes a sleep, too
+                return
+
+    def on_usr1(signum, frame):
+        if died.is_set():
+            raise StartFailed("tritonserver exited while loading the models")
+    previous = signal.signal(signal.SIGUSR1, on_usr1)
+    watcher = threading.Thread(target=watch, name="dllm-triton-watch", daemon=True)
+    watcher.start()
+    try:
+        triton.run()
+    finally:
+        stop.set()
+        watcher.join()
+        signal.signal(signal.SIGUSR1, previous)
+
+
+def grpc_target(host: str, port: int) -> str:
+    """``host:port`` a client dials for a server bound to ``host`` (a wildcard: loopback)."""
+    host = {"0.0.0.0": "127.0.0.1", "::": "::1", "": "127.0.0.1"}.get(host, host)
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
 def serve(runtime, host: str, ports: dict, limits: Limits, defaults: dict, instances: int,
-          log=lambda msg: print(msg, file=sys.stderr, flush=True), continuous: bool = True) -> None:
+          log=lambda msg: print(msg, file=sys.stderr, flush=True), continuous: bool = True,
+          model_name: str = "dllm") -> None:
     """Serve until SIGINT/SIGTERM (raised in this thread by the CLI) or until tritonserver dies;
     then tear tritonserver and its stubs down and remove the workspace. A watchdog (Reaper) does
-    the same if this process is killed outright."""
+    the same if this process is killed outright. With ``ports["--openai-port"]``, the OpenAI
+    frontend (openai_api.py) serves ``model_name`` there too, over Triton's gRPC port."""
     check_environment()
     check_ports(host, ports)
     from pytriton.triton import TritonConfig
@@ -274,7 +320,7 @@ def serve(runtime, host: str, ports: dict, limits: Limits, defaults: dict, insta
     config = TritonConfig(http_address=host, http_port=ports["--http-port"], grpc_address=host,
                           grpc_port=ports["--grpc-port"], metrics_address=host, metrics_port=ports["--metrics-port"],
                           exit_timeout_secs=3, log_verbose=0)
-    triton = None
+    triton = frontend = None
     try:
         for attempt in range(1, STARTS + 1):
             try:
@@ -284,17 +330,28 @@ def serve(runtime, host: str, ports: dict, limits: Limits, defaults: dict, insta
                 # the first instance of a model serves its config on a unix socket the others connect
                 # to once the socket file exists, not retrying a refused connection: under load one
                 # may connect between the server's bind and listen and the model fails to load
-                if "handshake" not in str(e) or attempt == STARTS:
+                # (tritonserver's log above says "get_config_from_handshake_server")
+                if isinstance(e, StartFailed) and attempt == STARTS:
+                    raise UserError(f"{e} ({STARTS} tries); see its log above") from None
+                if not isinstance(e, StartFailed) and "handshake" not in str(e) or attempt == STARTS:
                     raise
                 _kill(reaper.tree())
-                log(f"dllm-deploy: tritonserver start {attempt} failed (PyTriton's instance handshake); starting again")
+                log(f"dllm-deploy: tritonserver start {attempt} failed ({e}); starting again")
+        openai = ""
+        if ports.get("--openai-port"):
+            from .openai_api import Frontend, Server
+            frontend = Server(Frontend(grpc_target(host, ports["--grpc-port"]), model_name), host, ports["--openai-port"])
+            frontend.start()
+            openai = f" openai http://{host}:{ports['--openai-port']}/v1 (model {model_name})"
         log(f"dllm-deploy: serving models {PLAIN} and {STREAM}: http://{host}:{ports['--http-port']} "
-            f"grpc {host}:{ports['--grpc-port']} metrics http://{host}:{ports['--metrics-port']}/metrics "
+            f"grpc {host}:{ports['--grpc-port']} metrics http://{host}:{ports['--metrics-port']}/metrics{openai} "
             f"(batch up to {instances}, queue up to {limits.max_queue})")
         while triton.is_alive():
             time.sleep(0.5)
         raise UserError("tritonserver exited; see its log above")
     finally:
+        if frontend is not None:
+            frontend.stop()
         scheduler.close()
         try:
             if triton is not None:

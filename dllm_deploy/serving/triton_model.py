@@ -44,7 +44,7 @@ class TritonPythonModel:
             tensor = pb_utils.get_input_tensor_by_name(request, name)
             if tensor is not None:
                 inputs[name] = tensor.as_numpy()
-        parsed = parse_request(inputs, self.runtime.tokenizer, self.limits, self.defaults)
+        parsed = parse_request(inputs, self.runtime.tokenizer, self.limits, self.defaults, chat=self.runtime.chat_prompt)
         check_with_runtime(self.runtime, parsed)
         return parsed
 
@@ -55,19 +55,20 @@ class TritonPythonModel:
         """Every request submitted first (they decode as one batch), then each answered."""
         boxes = []
         for request in requests:
-            box = queue.Queue()
+            box, prompt_tokens = queue.Queue(), 0
             try:
                 parsed = self._parse(request)
                 if parsed.stream:
                     raise BadRequest("stream: model dllm answers once; stream from model dllm_stream")
+                prompt_tokens = parsed.prompt_tokens
                 self.scheduler.submit(parsed, box.put)
             except BadRequest as e:
                 box.put(e)
-            boxes.append(box)
+            boxes.append((box, prompt_tokens))
         out = []
-        for box in boxes:
+        for box, prompt_tokens in boxes:
             try:
-                out.append(self._outputs(collect(iter(box.get, None))))
+                out.append(self._outputs(collect(iter(box.get, None), prompt_tokens)))
             except BadRequest as e:
                 out.append(pb_utils.InferenceResponse(error=pb_utils.TritonError(str(e))))
         return out
@@ -80,10 +81,10 @@ class TritonPythonModel:
             except BadRequest as e:
                 sender.send(pb_utils.InferenceResponse(error=pb_utils.TritonError(str(e))), flags=self.final)
                 continue
-            self.scheduler.submit(parsed, self._deliver(sender, parsed.stream))
+            self.scheduler.submit(parsed, self._deliver(sender, parsed.stream, parsed.prompt_tokens))
         return None
 
-    def _deliver(self, sender, stream: bool):
+    def _deliver(self, sender, stream: bool, prompt_tokens: int):
         """The scheduler's callback for one request: each chunk sent (streaming), or the whole
         result once it is final; an exception ends the request with its message."""
         chunks = []
@@ -95,11 +96,11 @@ class TritonPythonModel:
             last = item["finish_reason"] is not None
             if stream:
                 sender.send(self._outputs(response(item["delta"], item["token_ids"], item["forwards"],
-                                                   item["finish_reason"])), flags=self.final if last else 0)
+                                                   item["finish_reason"], prompt_tokens)), flags=self.final if last else 0)
             else:
                 chunks.append(item)
                 if last:
-                    sender.send(self._outputs(collect(iter(chunks))), flags=self.final)
+                    sender.send(self._outputs(collect(iter(chunks), prompt_tokens)), flags=self.final)
         return deliver
 
     def finalize(self):

@@ -44,14 +44,15 @@ def serving_python() -> str:
     return sys.executable
 
 
-def wait_ready(url: str, proc: subprocess.Popen, timeout: float = 90) -> None:
+def wait_ready(url: str, proc: subprocess.Popen, timeout: float = 90,
+               paths=("/v2/models/dllm/ready", "/v2/models/dllm_stream/ready")) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             raise RuntimeError(f"serve exited with {proc.returncode}: {proc.stderr.read()[-3000:]}")
         try:
-            for model in ("dllm", "dllm_stream"):
-                urllib.request.urlopen(f"{url}/v2/models/{model}/ready", timeout=2)
+            for path in paths:
+                urllib.request.urlopen(f"{url}{path}", timeout=2)
             return
         except OSError:
             time.sleep(0.5)
@@ -62,19 +63,24 @@ class Server:
     """`dllm-deploy serve` over ``artifact`` (or, with ``command``, any server taking the three
     ports from ``command(http, grpc, metrics)``) on free loopback ports, ready."""
 
-    def __init__(self, artifact: Path, extra: list[str] = (), command=None, env: dict | None = None):
-        self.http, self.grpc, self.metrics = free_ports(3)
+    def __init__(self, artifact: Path, extra: list[str] = (), command=None, env: dict | None = None,
+                 openai: bool = False):
+        self.http, self.grpc, self.metrics, self.openai = free_ports(4)
         self.url = f"http://127.0.0.1:{self.http}"
+        self.openai_url = f"http://127.0.0.1:{self.openai}/v1"
         if command is None:
             command = lambda http, grpc, metrics: [  # noqa: E731
                 serving_python(), "-m", "dllm_deploy.cli", "serve", "--artifact", str(artifact),
                 "--gen-length", str(GEN_LENGTH), "--http-port", str(http), "--grpc-port", str(grpc),
-                "--metrics-port", str(metrics), *extra]
+                "--metrics-port", str(metrics), *extra,
+                *(["--openai-port", str(self.openai), "--served-model-name", "tiny"] if openai else [])]
         self.proc = subprocess.Popen(command(self.http, self.grpc, self.metrics),
                                      env=env or {**os.environ, "PYTHONPATH": str(ROOT)}, stdout=subprocess.DEVNULL,
                                      stderr=subprocess.PIPE, text=True, start_new_session=True)
         try:
             wait_ready(self.url, self.proc)
+            if openai:
+                wait_ready(self.openai_url.removesuffix("/v1"), self.proc, paths=["/health"])
         except BaseException:
             self.stop()
             raise
@@ -94,14 +100,19 @@ class Server:
 def server(request):
     serving_python()                    # skip before the artifact is exported when serving can't run here
     artifact, _ = request.getfixturevalue("tiny_artifact")
-    s = Server(artifact, ["--max-batch-size", "4", "--max-queue", "32"])
+    s = Server(artifact, ["--max-batch-size", "4", "--max-queue", "32"], openai=True)
     yield s
     s.stop()
 
 
 @pytest.fixture(scope="session")
-def offline(tiny_artifact):
-    """generate of the same artifact in this process: what every response must equal."""
+def offline_runtime(tiny_artifact):
+    """The served artifact loaded in this process."""
     from dllm_deploy.runtime.api import Runtime
-    rt = Runtime.load(artifact=str(tiny_artifact[0]))
-    return lambda prompt, **decode: rt.generate([prompt], gen_length=GEN_LENGTH, **decode)[0]
+    return Runtime.load(artifact=str(tiny_artifact[0]))
+
+
+@pytest.fixture(scope="session")
+def offline(offline_runtime):
+    """generate of the same artifact in this process: what every response must equal."""
+    return lambda prompt, **decode: offline_runtime.generate([prompt], gen_length=GEN_LENGTH, **decode)[0]

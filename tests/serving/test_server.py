@@ -230,3 +230,45 @@ def test_stop_words_are_limited_in_count_and_length(tiny_artifact):
         parse_request({**base, "stop_words": np.array([b"a"] * 100000, dtype=object)}, ByteTokenizer(), limits, {})
     with pytest.raises(BadRequest, match="stop_words: a stop word of 300 bytes, over the server's limit of 256"):
         parse_request({**base, "stop_words": np.array([b"x" * 300], dtype=object)}, ByteTokenizer(), limits, {})
+
+
+def test_chat_messages_input_and_prompt_tokens(server, offline, offline_runtime):
+    """``messages`` (JSON chat) is rendered by the server with the artifact's template; the response
+    counts the prompt's tokens; exactly one of text_input / messages."""
+    chat = [{"role": "user", "content": "upper: dog"}]
+    ref = offline(offline_runtime.chat_prompt(chat))
+    status, out = post(f"{server.url}/v2/models/dllm/generate", {"messages": json.dumps(chat)})
+    assert status == 200, out
+    check_equal(out, ref)
+    assert int(np.asarray(out["prompt_tokens"]).reshape(-1)[0]) == len(offline_runtime.tokenizer.encode(
+        offline_runtime.chat_prompt(chat)))
+    for body, needle in [({}, "exactly one of the two"),
+                         ({"text_input": "hi", "messages": json.dumps(chat)}, "exactly one of the two"),
+                         ({"messages": "[{"}, "messages: not JSON"),
+                         ({"messages": json.dumps([{"role": "system", "content": "x"}])}, "messages: the chat template refused")]:
+        status, out = post(f"{server.url}/v2/models/dllm/generate", body)
+        assert status >= 400 and needle in out["error"], (body, out)
+
+
+def test_a_start_that_loses_tritonserver_fails_at_once():
+    """PyTriton's run() waits up to 120 s for a server that already exited (a model failed to load):
+    serve's watch ends the wait as soon as the process is gone, so the retry starts at once."""
+    import time as _time
+
+    from dllm_deploy.serving.server import StartFailed, _run_watched
+
+    class Exited:                       # tritonserver as PyTriton sees it after it exited
+        _tritonserver_running_cmd = object()
+
+        def is_alive(self):
+            return False
+
+    class Waiting:                      # Triton.run() blocked in wait_for_server_ready
+        _triton_server = Exited()
+
+        def run(self):
+            _time.sleep(30)
+    t0 = _time.monotonic()
+    with pytest.raises(StartFailed):
+        _run_watched(Waiting())
+    assert _time.monotonic() - t0 < 5
