@@ -89,6 +89,16 @@ def _environment():
     return env
 
 
+def check_template(template: str) -> str:
+    """``template`` if it parses, else a one-line UserError (a server checks it before it starts)."""
+    import jinja2
+    try:
+        _environment().from_string(template)
+    except jinja2.TemplateSyntaxError as e:
+        raise UserError(f"the chat template does not parse (line {e.lineno}: {e.message})") from None
+    return template
+
+
 def check_messages(messages) -> list[dict]:
     """``messages`` as a list of {"role": str, "content": ...}; a UserError naming the first bad one."""
     if not isinstance(messages, list) or not messages:

@@ -471,6 +471,9 @@ def cmd_serve(a) -> int:
     check_environment()
     check_ports(a.host, ports)
     rt = _runtime(a)
+    if a.chat_template:
+        from .chat import check_template, load_chat_template
+        rt.chat_template = check_template(load_chat_template(".", override=a.chat_template))
     defaults, limits = _serve_limits(a, rt)
     serve(rt, a.host, ports, limits, defaults, instances=a.max_batch_size, continuous=not a.static_batches,
           model_name=a.served_model_name or Path(a.artifact or a.model or "tiny").resolve().name)
@@ -715,6 +718,8 @@ def build_parser() -> argparse.ArgumentParser:
                     help="requests wait for the next batch instead of joining a running one at a block boundary")
     sv.add_argument("--openai-port", type=int, default=None,
                     help="also serve the OpenAI API (/v1/completions, /v1/chat/completions, /v1/models) on this port")
+    sv.add_argument("--chat-template", default=None, metavar="FILE",
+                    help="render chat requests with this template instead of the artifact's")
     sv.add_argument("--served-model-name", default=None,
                     help="the model id OpenAI clients send (default: the artifact folder's name)")
     sv.set_defaults(func=cmd_serve)

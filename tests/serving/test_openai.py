@@ -157,11 +157,3 @@ def test_frontend_alone_reports_an_unreachable_server():
         proc.wait(timeout=30)
     assert "OpenAI API for model m" in proc.stderr.read()
 
-
-def test_openai_port_is_checked_with_the_others(tiny_artifact):
-    http, grpc, metrics = free_ports(3)
-    r = subprocess.run([sys.executable, "-m", "dllm_deploy.cli", "serve", "--artifact", str(tiny_artifact[0]),
-                        "--http-port", str(http), "--grpc-port", str(grpc), "--metrics-port", str(metrics),
-                        "--openai-port", str(http)], cwd=ROOT, capture_output=True, text=True, timeout=60)
-    assert r.returncode == 2 and r.stderr.strip() == (f"dllm-deploy: error: --openai-port {http}: --http-port uses that "
-                                                      "port already; each needs its own")

@@ -206,12 +206,17 @@ def test_ready_means_every_model_answers(tiny_artifact, offline):
     (["--http-port", "0"], "--http-port 0: a port is a number in 1..65535"),
     (["--http-port", "{p}", "--grpc-port", "{p}"], "--grpc-port {p}: --http-port uses that port already; each needs its own"),
     (["--host", "no.such.host.invalid"], "--host no.such.host.invalid: not an address of this machine"),
+    (["--http-port", "{p}", "--openai-port", "{p}"], "--openai-port {p}: --http-port uses that port already; each needs its own"),
+    (["--chat-template", "/no/such/template.jinja"], "/no/such/template.jinja: cannot read the chat template"),
+    (["--chat-template", "{bad}"], "the chat template does not parse (line 1"),
 ])
-def test_flag_mistakes_are_one_line_before_anything_starts(tiny_artifact, flags, message):
+def test_flag_mistakes_are_one_line_before_anything_starts(tiny_artifact, tmp_path, flags, message):
     from .conftest import free_ports, serving_python
     p = str(free_ports(1)[0])
+    bad = tmp_path / "bad.jinja"
+    bad.write_text("{% for m in messages %}{{ m.content }")
     r = subprocess.run([serving_python(), "-m", "dllm_deploy.cli", "serve", "--artifact", str(tiny_artifact[0]),
-                        *[f.format(p=p) for f in flags]], env={**os.environ, "PYTHONPATH": str(ROOT)},
+                        *[f.format(p=p, bad=bad) for f in flags]], env={**os.environ, "PYTHONPATH": str(ROOT)},
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 2
     assert r.stderr.startswith(f"dllm-deploy: error: {message.format(p=p)}") and r.stderr.count("\n") == 1
