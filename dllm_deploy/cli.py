@@ -468,6 +468,8 @@ def cmd_serve(a) -> int:
     ports = {"--http-port": a.http_port, "--grpc-port": a.grpc_port, "--metrics-port": a.metrics_port}
     if a.openai_port is not None:
         ports["--openai-port"] = a.openai_port
+    if not 0 <= a.drain_timeout <= 3600:
+        raise UserError(f"--drain-timeout {a.drain_timeout:g}: expected seconds in 0..3600")
     check_environment()
     check_ports(a.host, ports)
     rt = _runtime(a)
@@ -476,7 +478,8 @@ def cmd_serve(a) -> int:
         rt.chat_template = check_template(load_chat_template(".", override=a.chat_template))
     defaults, limits = _serve_limits(a, rt)
     serve(rt, a.host, ports, limits, defaults, instances=a.max_batch_size, continuous=not a.static_batches,
-          model_name=a.served_model_name or Path(a.artifact or a.model or "tiny").resolve().name)
+          model_name=a.served_model_name or Path(a.artifact or a.model or "tiny").resolve().name,
+          drain_timeout=a.drain_timeout)
     return 0
 
 
@@ -718,6 +721,9 @@ def build_parser() -> argparse.ArgumentParser:
                     help="requests wait for the next batch instead of joining a running one at a block boundary")
     sv.add_argument("--openai-port", type=int, default=None,
                     help="also serve the OpenAI API (/v1/completions, /v1/chat/completions, /v1/models) on this port")
+    sv.add_argument("--drain-timeout", type=float, default=30.0, metavar="S",
+                    help="on SIGTERM / SIGINT: refuse new requests and let those in flight finish for up to S "
+                         "seconds, then end the rest with an error and exit 0")
     sv.add_argument("--chat-template", default=None, metavar="FILE",
                     help="render chat requests with this template instead of the artifact's")
     sv.add_argument("--served-model-name", default=None,

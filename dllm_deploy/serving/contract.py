@@ -174,6 +174,21 @@ def _row_options(inputs: dict, max_tokens, base: RowOptions, limits: Limits) -> 
     return replace(base, **{k: cast[k](v) for k, v in given.items() if v is not None})
 
 
+# request parameters Triton's clients and frontends set themselves (KServe, sequence batching)
+TRITON_PARAMETERS = {"binary_data_output", "binary_data", "binary_data_size", "sequence_id", "sequence_start",
+                     "sequence_end", "priority", "timeout", "headers"}
+
+
+def check_parameters(parameters: dict | None) -> None:
+    """BadRequest for a request parameter this model does not read. Triton's generate endpoint
+    turns every JSON field that is not an input into a parameter, so a typo (``max_token``) lands
+    here instead of being ignored."""
+    unknown = sorted(k for k in (parameters or {}) if k not in TRITON_PARAMETERS and not k.startswith("triton_"))
+    if unknown:
+        names = ", ".join(name for name, *_ in INPUTS)
+        raise BadRequest(f"{unknown[0]}: unknown field (this model's inputs: {names})")
+
+
 def check_with_runtime(runtime, request: Request) -> None:
     """BadRequest for what the runtime would refuse (the checks of ``generate``), before the request
     joins a batch: a refusal inside a batch would fail its other rows too."""

@@ -203,6 +203,7 @@ class Frontend:
 
     def __init__(self, triton_url: str, model_name: str):
         self.triton_url, self.model_name, self.created = triton_url, model_name, int(time.time())
+        self.draining = False          # set when the server drains: /health 503, new requests 503
         self._client = None
         self.app = self._build()
 
@@ -244,6 +245,8 @@ class Frontend:
 
         @app.get("/health")
         async def health():
+            if self.draining:
+                return JSONResponse({"ready": False, "draining": True}, status_code=503)
             try:
                 ready = await self.client().is_model_ready(STREAM_MODEL)
             except Exception:
@@ -328,6 +331,8 @@ class Frontend:
         return rest()
 
     async def _answer(self, body: _Sampling, field: str):
+        if self.draining:
+            raise APIError(503, "the server is shutting down", code="shutting_down")
         self._check_model(body.model)
         fields = triton_fields(body)
         responses = await self._responses(fields, field)

@@ -35,24 +35,54 @@ class Scheduler:
         self._waiting: deque = deque()
         self._active = 0
         self._closed = False
+        self._draining = False
+        self._expected = 0                        # while draining: queued requests still to admit
         self.batch_sizes: list[int] = []          # every batch decoded so far (the load test reads them)
         self._thread = threading.Thread(target=self._loop, name="dllm-scheduler", daemon=True)
         self._thread.start()
 
-    def submit(self, request: Request, deliver) -> None:
-        """Queue a request; ``deliver(chunk)`` gets its chunks, ``deliver(exception)`` a failure."""
+    def submit(self, request: Request, deliver, admitted: bool = False) -> None:
+        """Queue a request; ``deliver(chunk)`` gets its chunks, ``deliver(exception)`` a failure.
+        While draining only ``admitted`` ones (``admit``) are taken."""
         with self._cv:
-            if self._closed:
+            if self._closed or (self._draining and not admitted):
                 raise BadRequest("the server is shutting down")
             if len(self._waiting) + self._active >= self.max_queue:
                 raise BadRequest(f"server busy: {self.max_queue} requests already queued or decoding (--max-queue)")
             self._waiting.append((request, deliver))
             self._cv.notify()
 
+    def in_flight(self) -> int:
+        """Requests waiting or decoding (and, while draining, queued ones still to come)."""
+        with self._cv:
+            return len(self._waiting) + self._active + self._expected
+
+    def admit(self) -> bool:
+        """A request that waited in Triton's queue reaches its handler: True unless draining, where
+        only the ``expected`` ones (queued before the drain began) are still taken."""
+        with self._cv:
+            if not self._draining:
+                return True
+            if self._expected > 0:
+                self._expected -= 1
+                self._cv.notify_all()
+                return True
+            return False
+
+    def drain(self, timeout: float, expected: int = 0) -> bool:
+        """Refuse new requests ("the server is shutting down") but the ``expected`` ones already
+        queued in front of the server (``admit``), and wait up to ``timeout`` seconds for them and
+        every queued and decoding request to finish; True if they all did."""
+        with self._cv:
+            self._draining, self._expected = True, expected
+            return self._cv.wait_for(lambda: not self._waiting and not self._active and not self._expected, timeout)
+
     def close(self) -> None:
+        """Stop: waiting requests are refused; a batch still decoding ends with an error for each
+        of its unfinished rows at its next chunk (no answer is left without an end)."""
         with self._cv:
             self._closed = True
-            self._cv.notify()
+            self._cv.notify_all()
 
     def _take_compatible(self, key: str, room: int) -> list:
         """Remove and return up to ``room`` waiting requests whose batch options have ``key``."""
@@ -78,6 +108,7 @@ class Scheduler:
             self._run(batch)
             with self._cv:
                 self._active = 0
+                self._cv.notify_all()
         with self._cv:                       # closed: nothing waiting is decoded any more
             left, self._waiting = list(self._waiting), deque()
         for _, deliver in left:
@@ -110,6 +141,8 @@ class Scheduler:
         try:
             for chunk in self.runtime.stream([r.prompt for r in requests], rows=[r.row for r in requests],
                                              join=self._joiner(batch, done), **requests[0].decode):
+                if self._closed:
+                    raise BadRequest("the server stopped before this answer was complete")
                 i = chunk["index"]
                 done[i] = chunk["finish_reason"] is not None
                 batch[i][1](chunk)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import errno
+import logging
 import os
 import queue
 import re
@@ -28,7 +29,7 @@ import time
 from pathlib import Path
 
 from ..errors import UserError
-from .contract import INPUTS, OUTPUTS, BadRequest, Limits, check_with_runtime, parse_request, response
+from .contract import INPUTS, OUTPUTS, BadRequest, Limits, check_parameters, check_with_runtime, parse_request, response
 from .reaper import start_time
 from .scheduler import Scheduler
 
@@ -110,6 +111,18 @@ def _kill(pids: list[int]) -> None:
             pass
 
 
+class _RefusalsInOneLine:
+    """A logging filter for PyTriton's proxy, which logs every exception of a callable with its
+    traceback (formatted into the message, inside its ``except``): a refused request (BadRequest)
+    becomes one line; real failures keep theirs."""
+
+    def filter(self, record) -> bool:
+        exc = record.exc_info[1] if record.exc_info else sys.exc_info()[1]
+        if isinstance(exc, BadRequest):
+            record.msg, record.args, record.exc_info, record.exc_text = f"request refused: {exc}", (), None, None
+        return True
+
+
 class Handlers:
     """The two models' inference callables over one scheduler."""
 
@@ -117,6 +130,7 @@ class Handlers:
         self.runtime, self.scheduler, self.limits, self.defaults = runtime, scheduler, limits, defaults
 
     def _parse(self, inputs: dict):
+        check_parameters(getattr(inputs, "parameters", None))
         request = parse_request(inputs, self.runtime.tokenizer, self.limits, self.defaults, chat=self.runtime.chat_prompt)
         check_with_runtime(self.runtime, request)
         return request
@@ -125,11 +139,13 @@ class Handlers:
         """One whole response per request (``stream`` true is refused: use dllm_stream)."""
         out = []
         for inputs in requests:
+            if not self.scheduler.admit():
+                raise BadRequest("the server is shutting down")
             request = self._parse(inputs)
             if request.stream:
                 raise BadRequest(f"stream: model {PLAIN} answers once; stream from model {STREAM}")
             box: queue.Queue = queue.Queue()
-            self.scheduler.submit(request, box.put)
+            self.scheduler.submit(request, box.put, admitted=True)
             out.append(collect(iter(box.get, None), request.prompt_tokens))
         return out
 
@@ -301,16 +317,72 @@ def grpc_target(host: str, port: int) -> str:
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
+class _StopSignals:
+    """While serving: SIGTERM / SIGINT set ``event`` (a drain follows) instead of unwinding at once;
+    a second one during the drain raises KeyboardInterrupt (stop now). Main thread only."""
+
+    def __init__(self):
+        self.event, self.name, self._previous = threading.Event(), None, {}
+
+    def _on(self, signum, frame):
+        if self.event.is_set():
+            raise KeyboardInterrupt
+        self.name = signal.Signals(signum).name
+        self.event.set()
+
+    def __enter__(self):
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                self._previous[sig] = signal.signal(sig, self._on)
+        return self
+
+    def __exit__(self, *exc):
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+
+
+def _queued(host: str, metrics_port: int, model: str) -> int:
+    """Requests Triton holds in ``model``'s queue (its pending-request gauge; 0 if unreadable): the
+    plain model's N instances take one request each, the rest wait there, not in the scheduler."""
+    import urllib.request
+    try:
+        with urllib.request.urlopen(f"http://{grpc_target(host, metrics_port)}/metrics", timeout=5) as r:
+            text = r.read().decode()
+    except OSError:
+        return 0
+    m = re.search(rf'^nv_inference_pending_request_count{{model="{re.escape(model)}",[^}}]*}} (\d+)', text, re.M)
+    return int(m.group(1)) if m else 0
+
+
+def _drain(scheduler: Scheduler, frontend, stop: _StopSignals, timeout: float, queued: int, log) -> None:
+    """Stop accepting (new requests: "the server is shutting down"; the OpenAI /health: 503), let
+    every request already taken — queued in the scheduler, decoding, or ``queued`` in Triton in
+    front of the plain model — finish for up to ``timeout`` seconds, then end the rest with an
+    error (scheduler.close); tritonserver then delivers what is in flight as it stops."""
+    if frontend is not None:
+        frontend.frontend.draining = True
+    n = scheduler.in_flight() + queued
+    log(f"dllm-deploy: {stop.name}: draining {n} request{'s' * (n != 1)} (up to {timeout:g} s; {stop.name} again stops now)")
+    drained = scheduler.drain(timeout, expected=queued)
+    left = scheduler.in_flight()
+    scheduler.close()
+    log(f"dllm-deploy: stopped: {n - left} of {n} in-flight requests answered"
+        + ("" if drained else f", {left} ended by the drain timeout (--drain-timeout {timeout:g})"))
+
+
 def serve(runtime, host: str, ports: dict, limits: Limits, defaults: dict, instances: int,
           log=lambda msg: print(msg, file=sys.stderr, flush=True), continuous: bool = True,
-          model_name: str = "dllm") -> None:
-    """Serve until SIGINT/SIGTERM (raised in this thread by the CLI) or until tritonserver dies;
-    then tear tritonserver and its stubs down and remove the workspace. A watchdog (Reaper) does
-    the same if this process is killed outright. With ``ports["--openai-port"]``, the OpenAI
-    frontend (openai_api.py) serves ``model_name`` there too, over Triton's gRPC port."""
+          model_name: str = "dllm", drain_timeout: float = 30.0) -> None:
+    """Serve until SIGTERM / SIGINT or until tritonserver dies; then tear tritonserver and its
+    stubs down and remove the workspace. A signal once serving drains first (``_drain``: up to
+    ``drain_timeout`` seconds) and returns normally; one during the start unwinds at once (the
+    CLI raises it in this thread). A watchdog (Reaper) tears down the same if this process is
+    killed outright. With ``ports["--openai-port"]``, the OpenAI frontend (openai_api.py) serves
+    ``model_name`` there too, over Triton's gRPC port."""
     check_environment()
     check_ports(host, ports)
     from pytriton.triton import TritonConfig
+    logging.getLogger("pytriton.proxy.inference").addFilter(_RefusalsInOneLine())
 
     _with_libdir(os.environ)
     scratch = Path(tempfile.mkdtemp(prefix="dllm-serve-"))
@@ -343,12 +415,16 @@ def serve(runtime, host: str, ports: dict, limits: Limits, defaults: dict, insta
             frontend = Server(Frontend(grpc_target(host, ports["--grpc-port"]), model_name), host, ports["--openai-port"])
             frontend.start()
             openai = f" openai http://{host}:{ports['--openai-port']}/v1 (model {model_name})"
+        stop = _StopSignals()
         log(f"dllm-deploy: serving models {PLAIN} and {STREAM}: http://{host}:{ports['--http-port']} "
             f"grpc {host}:{ports['--grpc-port']} metrics http://{host}:{ports['--metrics-port']}/metrics{openai} "
             f"(batch up to {instances}, queue up to {limits.max_queue})")
-        while triton.is_alive():
-            time.sleep(0.5)
-        raise UserError("tritonserver exited; see its log above")
+        with stop:
+            while triton.is_alive() and not stop.event.wait(0.5):
+                pass
+            if not stop.event.is_set():
+                raise UserError("tritonserver exited; see its log above")
+            _drain(scheduler, frontend, stop, drain_timeout, _queued(host, ports["--metrics-port"], PLAIN), log)
     finally:
         if frontend is not None:
             frontend.stop()

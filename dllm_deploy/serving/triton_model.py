@@ -16,7 +16,8 @@ import queue
 import triton_python_backend_utils as pb_utils
 
 from dllm_deploy.runtime.api import Runtime
-from dllm_deploy.serving.contract import INPUTS, BadRequest, Limits, check_with_runtime, parse_request, response
+from dllm_deploy.serving.contract import (INPUTS, BadRequest, Limits, check_parameters, check_with_runtime,
+                                          parse_request, response)
 from dllm_deploy.serving.scheduler import Scheduler
 from dllm_deploy.serving.server import collect
 
@@ -44,6 +45,7 @@ class TritonPythonModel:
             tensor = pb_utils.get_input_tensor_by_name(request, name)
             if tensor is not None:
                 inputs[name] = tensor.as_numpy()
+        check_parameters(json.loads(request.parameters() or "{}"))
         parsed = parse_request(inputs, self.runtime.tokenizer, self.limits, self.defaults, chat=self.runtime.chat_prompt)
         check_with_runtime(self.runtime, parsed)
         return parsed

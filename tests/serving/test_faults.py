@@ -66,3 +66,81 @@ def test_sigkill_of_serve_mid_load_leaves_nothing(tiny_artifact):
         time.sleep(0.2)
     assert segments and shm() == [], "shared-memory segments of the killed server are left"
     s.proc.wait()
+
+
+def test_sigterm_under_load_drains_every_answer(tiny_artifact, offline):
+    """SIGTERM with requests queued and decoding (plain and streamed, through Triton and the OpenAI
+    frontend): none is lost, each equals offline generate, new requests are refused meanwhile, and
+    serve exits 0 with its two lines and no traceback."""
+    import json
+    import urllib.request
+
+    serving_python()
+    s = Server(tiny_artifact[0], ["--max-batch-size", "2", "--static-batches", "--drain-timeout", "60"], openai=True)
+
+    def sse(prompt):
+        req = urllib.request.Request(f"{s.url}/v2/models/dllm_stream/generate_stream",
+                                     data=json.dumps({"text_input": prompt, "stream": True}).encode())
+        with urllib.request.urlopen(req, timeout=60) as r:
+            events = [json.loads(line[5:]) for line in r.read().decode().splitlines() if line.startswith("data:")]
+        assert events[-1]["finish_reason"], events
+        return "".join(e["text_output"] for e in events)
+
+    def plain(prompt):
+        status, out = post(f"{s.url}/v2/models/dllm/generate", {"text_input": prompt}, 60)
+        assert status == 200, out
+        return out["text_output"]
+
+    def chat(prompt):
+        body = {"model": "tiny", "prompt": prompt}
+        req = urllib.request.Request(f"{s.openai_url}/completions", data=json.dumps(body).encode(),
+                                     headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=60) as r:
+            return json.loads(r.read())["choices"][0]["text"]
+    calls = [(p, lambda p=p: plain(p))
+             for p in PROMPTS] + [(p, lambda p=p: sse(p)) for p in PROMPTS] + [(p, lambda p=p: chat(p)) for p in PROMPTS]
+    with ThreadPoolExecutor(len(calls)) as ex:
+        futures = [ex.submit(fn) for _, fn in calls]
+        wait(futures, timeout=30, return_when=FIRST_COMPLETED)          # decoding has begun; most still queued
+        s.proc.send_signal(signal.SIGTERM)
+        time.sleep(0.3)
+        status, out = post(f"{s.url}/v2/models/dllm/generate", {"text_input": "hello"}, 30)
+        texts = [f.result(timeout=90) for f in futures]
+    assert status != 200 and "shutting down" in out["error"], (status, out)
+    assert texts == [offline(p).text for p, _ in calls]
+    assert s.proc.wait(timeout=90) == 0
+    err = s.proc.stderr.read()
+    assert "dllm-deploy: SIGTERM: draining" in err and "in-flight requests answered" in err, err[-2000:]
+    assert "Traceback" not in err, err[-3000:]
+
+
+def test_a_drain_past_its_timeout_ends_every_answer(tiny_artifact):
+    """--drain-timeout 0: what is in flight when the signal comes ends with an error or its
+    answer, never with nothing; serve still exits 0."""
+    import json
+    import urllib.error
+    import urllib.request
+
+    serving_python()
+    s = Server(tiny_artifact[0], ["--max-batch-size", "1", "--static-batches", "--drain-timeout", "0"])
+
+    def sse(prompt):
+        req = urllib.request.Request(f"{s.url}/v2/models/dllm_stream/generate_stream",
+                                     data=json.dumps({"text_input": prompt, "stream": True}).encode())
+        try:
+            with urllib.request.urlopen(req, timeout=60) as r:
+                events = [json.loads(line[5:]) for line in r.read().decode().splitlines() if line.startswith("data:")]
+        except urllib.error.HTTPError as e:
+            return [{"error": f"{e.code} {e.read()!r}"}]
+        return events
+    with ThreadPoolExecutor(8) as ex:
+        futures = [ex.submit(sse, p) for p in PROMPTS * 2]
+        wait(futures, timeout=30, return_when=FIRST_COMPLETED)
+        s.proc.send_signal(signal.SIGTERM)
+        streams = [f.result(timeout=60) for f in futures]
+    for events in streams:
+        assert events and ("error" in events[-1] or events[-1].get("finish_reason")), events
+    assert any("error" in e[-1] for e in streams), streams
+    assert s.proc.wait(timeout=60) == 0
+    err = s.proc.stderr.read()
+    assert "ended by the drain timeout" in err and "Traceback" not in err, err[-2000:]

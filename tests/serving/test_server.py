@@ -93,6 +93,7 @@ def test_generate_stream_sse(server, offline):
     ({"text_input": "hi", "max_tokens": "many"}, "Unable to parse"),
     ({"text_input": "hi", "stream": True}, "stream from model dllm_stream"),
     ({"text_input": "hi", "temperature": 1.0, "top_k": 1000}, "sampling pool"),
+    ({"text_input": "hi", "max_token": 3}, "max_token: unknown field"),
 ])
 def test_bad_request_fails_alone(server, offline, body, needle):
     status, out = post(f"{server.url}/v2/models/dllm/generate", body)

@@ -97,6 +97,11 @@ def test_stock_stream_sampling_and_bad_request(stock, offline):
     assert "".join(e["text_output"] for e in events) == ref.text and events[-1]["finish_reason"] == ref.finish_reason
     status, out = post(f"{stock.url}/v2/models/dllm/generate", {"text_input": "hi", "strategy": "nope"})
     assert status >= 400 and "unknown strategy 'nope'" in out["error"]
+    status, out = post(f"{stock.url}/v2/models/dllm_stream/generate", {"text_input": "hi", "max_token": 3})
+    assert status >= 400 and "max_token: unknown field" in out["error"]
+    status, out = post(f"{stock.url}/v2/models/dllm/generate", {"messages": json.dumps([{"role": "user", "content": "upper: dog"}])})
+    assert status == 200 and out["text_output"] == offline(
+        "upper: dog\n").text, out                    # the bundled template: the user message, one line
 
 
 def test_stock_concurrent_requests_equal_offline(stock, offline):
