@@ -502,6 +502,8 @@ def _check_serve_flags(a) -> None:
                         ("--max-prompt-tokens", a.max_prompt_tokens or 1)):
         if value < 1:
             raise UserError(f"{flag} must be >= 1 (got {value})")
+    if not 0 <= a.request_timeout <= 86400:
+        raise UserError(f"--request-timeout {a.request_timeout:g}: expected seconds in 0..86400 (0: no deadline)")
     from .runtime.api import decode_config
     decode_config(**{k: v for k, v in _decode_kwargs(a).items() if v is not None})
 
@@ -516,7 +518,7 @@ def _serve_limits(a, rt):
                         f"model's {rt.config.max_seq} positions: pass a smaller --gen-length")
     return defaults, Limits(max_prompt_tokens=a.max_prompt_tokens or rt.config.max_seq - canvas,
                             max_tokens=cfg.gen_length, max_beam_width=rt.max_beam_width or cfg.beam_width,
-                            max_queue=a.max_queue)
+                            max_queue=a.max_queue, timeout=a.request_timeout)
 
 
 def cmd_triton_repo(a) -> int:
@@ -570,6 +572,9 @@ def _add_limit_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-queue", type=int, default=64, help="requests queued or decoding; more are refused")
     p.add_argument("--max-prompt-tokens", type=int, default=None,
                    help="longest prompt (default: the model's max_seq less the generated canvas)")
+    p.add_argument("--request-timeout", type=float, default=0.0, metavar="S",
+                   help="a request that sets no timeout of its own is cancelled S seconds after it arrives "
+                        "(0: never)")
 
 
 def build_parser() -> argparse.ArgumentParser:

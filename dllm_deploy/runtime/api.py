@@ -170,14 +170,15 @@ class Runtime:
         """generate() of the rendered ``messages``: one RowResult."""
         return self.generate([self.chat_prompt(messages)], rows, **decode)[0]
 
-    def stream(self, prompts: str | list[str], rows: list[RowOptions] | None = None, join=None,
+    def stream(self, prompts: str | list[str], rows: list[RowOptions] | None = None, join=None, cancel=None,
                **decode) -> Iterator[dict]:
         """The chunks of docs/streaming.md as text becomes final (a str prompt: index 0). Close the
         generator (break, .close()) to cancel; the runtime stays usable. ``join``: continuous
         batching, a callable the loop asks at every block boundary for [(prompt, RowOptions)] that
         join the running batch (their chunks' index numbers them after the rows so far; only where
-        ``joins_batches(**decode)``, else never called)."""
-        return self.decoder.stream(*self._call(prompts, rows, decode), join=join)
+        ``joins_batches(**decode)``, else never called). ``cancel``: a callable asked after every
+        forward for the rows (chunk indexes) to end now, each with finish_reason "cancelled"."""
+        return self.decoder.stream(*self._call(prompts, rows, decode), join=join, cancel=cancel)
 
     def joins_batches(self, **decode) -> bool:
         """Whether requests can join a running batch under these decode options (an exact cache)."""

@@ -59,7 +59,7 @@ class RowResult:
     accepted_hist: dict = field(default_factory=dict)
     finished: bool = False          # True: stopped at EOS or a stop string; False: the token budget ran out
     beam_width_requested: int = 1   # the W asked for; beam_width_used is lower when a cap applied
-    finish_reason: str = "length"   # eos | stop | length (docs/streaming.md)
+    finish_reason: str = "length"   # eos | stop | length | cancelled (docs/streaming.md)
     time_to_first_token_s: float | None = None   # call start -> the row's first chunk with token ids
 
     def to_dict(self) -> dict:
@@ -375,20 +375,24 @@ class Decoder:
         return take
 
     def stream(self, prompts: list[str], dcfg: DecodeConfig, rows: list[RowOptions] | None = None,
-               join: Callable[[], list] | None = None) -> Iterator[dict]:
+               join: Callable[[], list] | None = None, cancel: Callable[[], list] | None = None) -> Iterator[dict]:
         """The chunks of docs/streaming.md as the rows' text becomes final; the generator returns
         (StopIteration.value) one dict per row of what chunks do not carry. Every check runs
         here, before the generator starts; closing it cancels the call. ``join`` (continuous
         batching): called at every block boundary, it returns [(prompt, RowOptions)] that join the
-        batch there, numbered after the rows so far (a model without an exact cache: never called)."""
-        return self._chunks(*self._prepare(prompts, dcfg, rows, join))
+        batch there, numbered after the rows so far (a model without an exact cache: never called).
+        ``cancel``: called after every forward, the rows to end now (a client gone, a deadline
+        passed): each gets a last chunk with finish_reason "cancelled" and stops at once; it leaves
+        the batch at the end of its block (rows stay in lockstep), and a batch whose rows have all
+        ended makes no further forward."""
+        return self._chunks(*self._prepare(prompts, dcfg, rows, join), cancel=cancel)
 
     def _row_text(self):
         """A row's text for RowText: the tokenizer's incremental one if it has one, else its decode."""
         incremental = getattr(self.tok, "incremental", None)
         return incremental() if incremental else self.tok.decode
 
-    def _chunks(self, run: _Run, policy: Policy, requested: int) -> Iterator[dict]:
+    def _chunks(self, run: _Run, policy: Policy, requested: int, cancel=None) -> Iterator[dict]:
         texts, first = [], []
         for report in run.decode():
             for row, ids in report:
@@ -397,7 +401,7 @@ class Decoder:
                     texts.append(RowText(self._row_text(), self.config.eos_token_id, o.stop, run.budget[len(texts)]))
                     first.append(None)
                 t = texts[row]
-                if len(ids) == t.seen:
+                if len(ids) == t.seen or t.finish_reason is not None:
                     continue
                 delta, new, reason = t.update(ids)
                 if reason:
@@ -406,6 +410,12 @@ class Decoder:
                     first[row] = time.perf_counter() - run.started[row]
                 yield {"index": row, "delta": delta, "token_ids": new, "forwards": run.stats[row]["forwards"],
                        "tokens": t.sent, "finish_reason": reason}
+            for row in (cancel() if cancel else ()):
+                if row < len(texts) and texts[row].finish_reason is None:
+                    texts[row].finish_reason = "cancelled"
+                    run.stop(row)
+                    yield {"index": row, "delta": "", "token_ids": [], "forwards": run.stats[row]["forwards"],
+                           "tokens": texts[row].sent, "finish_reason": "cancelled"}
         end = time.perf_counter()
         return [{**st, "finish_reason": t.finish_reason, "time_to_first_token_s": ttft, "wall_s": end - t0,
                  "beam_width_used": policy.width, "beam_width_requested": requested}

@@ -8,7 +8,9 @@ falls back to the server's default (profile, then flags)."""
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, replace
+import threading
+import time
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -31,6 +33,9 @@ INPUTS = [
     ("strategy", bytes, (1,), True),
     ("beam_width", np.int32, (1,), True),
     ("threshold", np.float32, (1,), True),
+    ("timeout", np.float32, (1,), True),
+    ("request_id", bytes, (1,), True),
+    ("cancel", bytes, (1,), True),
 ]
 OUTPUTS = [
     ("text_output", bytes, (1,)),
@@ -65,6 +70,7 @@ class Limits:
     max_queue: int
     max_stop_words: int = 16        # stop strings a request may give (each is searched in every chunk)
     max_stop_bytes: int = 256       # UTF-8 bytes of one stop string
+    timeout: float = 0.0            # seconds a request may take when it sets none (0: no deadline)
 
 
 @dataclass(frozen=True)
@@ -74,6 +80,29 @@ class Request:
     row: RowOptions       # this request's own sampling and stopping
     stream: bool
     prompt_tokens: int = 0   # the prompt's length in tokens (usage counts)
+    request_id: str | None = None     # the client's name for it (``cancel`` names it)
+    deadline: float | None = None     # time.monotonic() past which it is cancelled
+    timeout: float | None = None      # the seconds that deadline allowed
+    cancelled: threading.Event = field(default_factory=threading.Event, compare=False, repr=False)
+
+    def expired(self) -> bool:
+        return self.deadline is not None and time.monotonic() > self.deadline
+
+
+MAX_REQUEST_ID = 128
+
+
+def cancel_target(inputs: dict) -> str | None:
+    """The request_id a ``cancel`` request names (None: not a cancel request); a cancel request
+    carries nothing else."""
+    if "cancel" not in inputs:
+        return None
+    if set(inputs) != {"cancel"}:
+        raise BadRequest(f"cancel: a cancel request carries only cancel (got {', '.join(sorted(set(inputs) - {'cancel'}))})")
+    target = _text(_scalar(inputs, "cancel"), "cancel")
+    if not 1 <= len(target) <= MAX_REQUEST_ID:
+        raise BadRequest(f"cancel: a request_id of 1..{MAX_REQUEST_ID} characters")
+    return target
 
 
 def _scalar(inputs: dict, name: str):
@@ -146,7 +175,18 @@ def parse_request(inputs: dict, tokenizer, limits: Limits, defaults: dict, chat=
         decode["threshold"] = float(threshold)
     row = _row_options(inputs, max_tokens, row_options(**defaults), limits)
     stream = _scalar(inputs, "stream")
-    return Request(prompt=prompt, prompt_tokens=n_prompt, decode=decode, row=row, stream=bool(stream) if stream is not None else False)
+    timeout = _scalar(inputs, "timeout")
+    if timeout is not None and not 0.0 < float(timeout) <= 86400.0:
+        raise BadRequest(f"timeout: {float(timeout)} is outside (0, 86400] seconds")
+    timeout = float(timeout) if timeout is not None else (limits.timeout or None)
+    request_id = _scalar(inputs, "request_id")
+    if request_id is not None:
+        request_id = _text(request_id, "request_id")
+        if not 1 <= len(request_id) <= MAX_REQUEST_ID:
+            raise BadRequest(f"request_id: {len(request_id)} characters; 1..{MAX_REQUEST_ID}")
+    return Request(prompt=prompt, prompt_tokens=n_prompt, decode=decode, row=row,
+                   stream=bool(stream) if stream is not None else False, request_id=request_id,
+                   deadline=time.monotonic() + timeout if timeout else None, timeout=timeout)
 
 
 def _row_options(inputs: dict, max_tokens, base: RowOptions, limits: Limits) -> RowOptions:

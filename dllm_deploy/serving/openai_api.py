@@ -47,7 +47,7 @@ class APIError(Exception):
     @property
     def type(self) -> str:
         return {400: "invalid_request_error", 404: "invalid_request_error", 429: "rate_limit_error",
-                503: "service_unavailable"}.get(self.status, "server_error")
+                503: "service_unavailable", 504: "timeout"}.get(self.status, "server_error")
 
     def body(self) -> dict:
         return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
@@ -84,6 +84,7 @@ class _Sampling(_Body):
     beam_width: int | None = None
     threshold: float | None = None
     top_k: int | None = None
+    timeout: float | None = None               # seconds: the server cancels the request after them
 
 
 class CompletionBody(_Sampling):
@@ -143,7 +144,7 @@ def triton_fields(body: _Sampling) -> dict:
               "top_k": _int(body.top_k, "top_k", 0, INT32),
               "seed": _int(body.seed, "seed", 0, 2**64 - 1),
               "strategy": body.strategy, "beam_width": _int(body.beam_width, "beam_width", 1, INT32),
-              "threshold": body.threshold, "stream": body.stream}
+              "threshold": body.threshold, "stream": body.stream, "timeout": body.timeout}
     if body.stop:           # None, "" and [] all mean no stop string
         fields["stop_words"] = [body.stop] if isinstance(body.stop, str) else body.stop
     if isinstance(body, CompletionBody):
@@ -187,8 +188,10 @@ def server_error(message: str, field: str) -> APIError:
     message = re.sub(r"^[\w.]*BadRequest: ", "", message.strip())
     if "server busy" in message:
         return APIError(429, message, code="server_busy")
-    if "shutting down" in message:
+    if "shutting down" in message or "stopped before this answer" in message:
         return APIError(503, message, code="shutting_down")
+    if message.startswith("timeout: the request's deadline"):
+        return APIError(504, message, param="timeout", code="timeout")
     if message.startswith("decode failed"):
         return APIError(500, message)
     name, sep, rest = message.partition(": ")
@@ -205,6 +208,7 @@ class Frontend:
         self.triton_url, self.model_name, self.created = triton_url, model_name, int(time.time())
         self.draining = False          # set when the server drains: /health 503, new requests 503
         self._client = None
+        self._tasks: set = set()       # cancel requests in flight
         self.app = self._build()
 
     def client(self):
@@ -263,12 +267,12 @@ class Frontend:
             return self._model_card()
 
         @app.post("/v1/completions")
-        async def completions(body: CompletionBody):
-            return await self._answer(body, "prompt")
+        async def completions(body: CompletionBody, request: Request):
+            return await self._answer(body, "prompt", request)
 
         @app.post("/v1/chat/completions")
-        async def chat(body: ChatBody):
-            return await self._answer(body, "messages")
+        async def chat(body: ChatBody, request: Request):
+            return await self._answer(body, "messages", request)
 
         return app
 
@@ -280,11 +284,34 @@ class Frontend:
             raise APIError(404, f"model {name!r} does not exist; this server serves {self.model_name!r}",
                            param="model", code="model_not_found")
 
+    def _cancel_later(self, request_id: str) -> None:
+        """Tell the server the request's client went away (a ``cancel`` request, contract.py), from
+        a task of its own: the request's own task is being cancelled."""
+        async def send():
+            answered = asyncio.Event()
+
+            async def one():
+                yield {"model_name": STREAM_MODEL, "inputs": infer_inputs({"cancel": request_id})}
+                await answered.wait()
+            try:
+                call = self.client().stream_infer(one())
+                async for _ in call:
+                    break
+                answered.set()
+                call.cancel()
+            except Exception:             # the server is gone: nothing left to cancel
+                answered.set()
+        task = asyncio.get_running_loop().create_task(send())
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
     async def _responses(self, fields: dict, field: str):
         """The server's responses to one request, as dicts; the first is awaited before this
-        returns (a refusal raises APIError here, before any HTTP response starts)."""
+        returns (a refusal raises APIError here, before any HTTP response starts). Closed or
+        cancelled before its last response (the client went away), it cancels the request."""
         from tritonclient.utils import InferenceServerException
         done = asyncio.Event()
+        finished = False
 
         async def requests():
             yield {"model_name": STREAM_MODEL, "inputs": infer_inputs(fields)}
@@ -313,36 +340,64 @@ class Frontend:
 
         try:
             first = await next_response()
-        except BaseException:
+        except BaseException as e:
             done.set()
             call.cancel()
+            if not isinstance(e, APIError):           # cancelled while waiting: the request is in flight
+                self._cancel_later(fields["request_id"])
             raise
 
         async def rest():
+            nonlocal finished
             try:
                 item = first
                 yield item
                 while item["finish_reason"] is None:
                     item = await next_response()
                     yield item
+                finished = True
+            except APIError:
+                finished = True                       # the server ended it
+                raise
             finally:
                 done.set()
-                call.cancel()            # a client gone mid-answer: the server hears it at once
+                call.cancel()
+                if not finished:
+                    self._cancel_later(fields["request_id"])
         return rest()
 
-    async def _answer(self, body: _Sampling, field: str):
+    @staticmethod
+    async def _watching(work, http_request: Request):
+        """``work`` (a coroutine), cancelled if the client disconnects first (checked every 0.25 s)."""
+        task = asyncio.ensure_future(work)
+        while not task.done():
+            await asyncio.wait({task}, timeout=0.25)
+            if not task.done() and await http_request.is_disconnected():
+                task.cancel()
+                try:
+                    await task
+                except (asyncio.CancelledError, Exception):
+                    pass
+                raise APIError(499, "the client went away")
+        return task.result()
+
+    async def _answer(self, body: _Sampling, field: str, http_request: Request):
         if self.draining:
             raise APIError(503, "the server is shutting down", code="shutting_down")
         self._check_model(body.model)
         fields = triton_fields(body)
-        responses = await self._responses(fields, field)
         chat = field == "messages"
         ident = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
+        fields["request_id"] = ident
+        responses = await self._watching(self._responses(fields, field), http_request)
         head = {"id": ident, "object": "chat.completion" if chat else "text_completion", "created": int(time.time()),
                 "model": self.model_name}
         if not body.stream:
+            async def gather():
+                return [item async for item in responses]
+            items = await self._watching(gather(), http_request)
             text, ids, last = [], 0, None
-            async for item in responses:
+            for item in items:
                 text.append(item["text"])
                 ids += len(item["token_ids"])
                 last = item

@@ -37,6 +37,7 @@ class Scheduler:
         self._closed = False
         self._draining = False
         self._expected = 0                        # while draining: queued requests still to admit
+        self._named: dict = {}                    # request_id -> Request, while in flight
         self.batch_sizes: list[int] = []          # every batch decoded so far (the load test reads them)
         self._thread = threading.Thread(target=self._loop, name="dllm-scheduler", daemon=True)
         self._thread.start()
@@ -47,10 +48,55 @@ class Scheduler:
         with self._cv:
             if self._closed or (self._draining and not admitted):
                 raise BadRequest("the server is shutting down")
+            if request.request_id is not None:
+                if request.request_id in self._named:
+                    raise BadRequest(f"request_id: {request.request_id!r} names a request still in flight")
+                self._named[request.request_id] = request
             if len(self._waiting) + self._active >= self.max_queue:
                 raise BadRequest(f"server busy: {self.max_queue} requests already queued or decoding (--max-queue)")
-            self._waiting.append((request, deliver))
+            self._waiting.append((request, self._forgetting(request, deliver)))
             self._cv.notify()
+
+    def _forgetting(self, request: Request, deliver):
+        """``deliver`` that also forgets the request's name once its last chunk or error went out."""
+        if request.request_id is None:
+            return deliver
+
+        def last(item):
+            if isinstance(item, Exception) or item["finish_reason"] is not None:
+                with self._cv:
+                    self._named.pop(request.request_id, None)
+            deliver(item)
+        return last
+
+    def cancel(self, request_id: str) -> bool:
+        """End the named request (a client gone): it leaves the queue, or its batch's decode, at the
+        next forward. False if no request of that name is in flight."""
+        with self._cv:
+            request = self._named.get(request_id)
+            if request is None:
+                return False
+            request.cancelled.set()
+            self._cv.notify_all()
+        self._sweep()
+        return True
+
+    @staticmethod
+    def _why(request: Request) -> BadRequest:
+        if request.cancelled.is_set():
+            return BadRequest("cancelled: the request was cancelled (its client went away)")
+        return BadRequest(f"timeout: the request's deadline ({request.timeout:g} s) passed")
+
+    def _sweep(self) -> None:
+        """Waiting requests that were cancelled or whose deadline passed leave the queue, each told why."""
+        with self._cv:
+            gone = [item for item in self._waiting if item[0].cancelled.is_set() or item[0].expired()]
+            for item in gone:
+                self._waiting.remove(item)
+            if gone:
+                self._cv.notify_all()
+        for request, deliver in gone:
+            deliver(self._why(request))
 
     def in_flight(self) -> int:
         """Requests waiting or decoding (and, while draining, queued ones still to come)."""
@@ -92,6 +138,7 @@ class Scheduler:
         return taken
 
     def _take(self) -> list:
+        self._sweep()
         with self._cv:
             while not self._waiting and not self._closed:
                 self._cv.wait()
@@ -135,17 +182,26 @@ class Scheduler:
             return [(r.prompt, r.row) for r, _ in taken]
         return join
 
+    def _ending(self, batch: list, done: list):
+        """The decode's cancel callable: after every forward, the unfinished rows whose request was
+        cancelled or ran past its deadline (and the same sweep of the waiting queue)."""
+        def ending() -> list:
+            self._sweep()
+            return [i for i, (r, _) in enumerate(batch) if not done[i] and (r.cancelled.is_set() or r.expired())]
+        return ending
+
     def _run(self, batch: list) -> None:
         requests = [r for r, _ in batch]
         done = [False] * len(batch)
         try:
             for chunk in self.runtime.stream([r.prompt for r in requests], rows=[r.row for r in requests],
-                                             join=self._joiner(batch, done), **requests[0].decode):
+                                             join=self._joiner(batch, done), cancel=self._ending(batch, done),
+                                             **requests[0].decode):
                 if self._closed:
                     raise BadRequest("the server stopped before this answer was complete")
                 i = chunk["index"]
                 done[i] = chunk["finish_reason"] is not None
-                batch[i][1](chunk)
+                batch[i][1](self._why(batch[i][0]) if chunk["finish_reason"] == "cancelled" else chunk)
         except Exception as e:     # the runtime refused or failed: every unfinished row hears why
             error = e if isinstance(e, BadRequest) else BadRequest(f"decode failed: {e}")
             for (_, deliver), finished in zip(batch, done):

@@ -29,7 +29,8 @@ import time
 from pathlib import Path
 
 from ..errors import UserError
-from .contract import INPUTS, OUTPUTS, BadRequest, Limits, check_parameters, check_with_runtime, parse_request, response
+from .contract import (INPUTS, OUTPUTS, BadRequest, Limits, cancel_target, check_parameters, check_with_runtime,
+                       parse_request, response)
 from .reaper import start_time
 from .scheduler import Scheduler
 
@@ -135,10 +136,24 @@ class Handlers:
         check_with_runtime(self.runtime, request)
         return request
 
+    def _cancel(self, inputs) -> dict | None:
+        """The response to a ``cancel`` request (None: not one): the named request ends at its
+        next forward (contract.cancel_target)."""
+        target = cancel_target(inputs)
+        if target is None:
+            return None
+        check_parameters(getattr(inputs, "parameters", None))
+        if not self.scheduler.cancel(target):
+            raise BadRequest(f"cancel: no request {target!r} in flight (it may have finished)")
+        return response("", [], 0, "cancelled", 0)
+
     def plain(self, requests: list) -> list:
         """One whole response per request (``stream`` true is refused: use dllm_stream)."""
         out = []
         for inputs in requests:
+            if (done := self._cancel(inputs)) is not None:
+                out.append(done)
+                continue
             if not self.scheduler.admit():
                 raise BadRequest("the server is shutting down")
             request = self._parse(inputs)
@@ -153,6 +168,9 @@ class Handlers:
         """A response per chunk when ``stream`` is true, else one whole response."""
         loop = asyncio.get_running_loop()
         for inputs in requests:
+            if (done := self._cancel(inputs)) is not None:
+                yield [done]
+                continue
             request = self._parse(inputs)
             box: asyncio.Queue = asyncio.Queue()
             self.scheduler.submit(request, lambda item, box=box: loop.call_soon_threadsafe(box.put_nowait, item))

@@ -16,8 +16,8 @@ import queue
 import triton_python_backend_utils as pb_utils
 
 from dllm_deploy.runtime.api import Runtime
-from dllm_deploy.serving.contract import (INPUTS, BadRequest, Limits, check_parameters, check_with_runtime,
-                                          parse_request, response)
+from dllm_deploy.serving.contract import (INPUTS, BadRequest, Limits, cancel_target, check_parameters,
+                                          check_with_runtime, parse_request, response)
 from dllm_deploy.serving.scheduler import Scheduler
 from dllm_deploy.serving.server import collect
 
@@ -39,13 +39,27 @@ class TritonPythonModel:
         return pb_utils.InferenceResponse(output_tensors=[
             pb_utils.Tensor(name, value[None] if self.batched else value) for name, value in tensors.items()])
 
-    def _parse(self, request):
+    @staticmethod
+    def _inputs(request) -> dict:
         inputs = {}
         for name, *_ in INPUTS:
             tensor = pb_utils.get_input_tensor_by_name(request, name)
             if tensor is not None:
                 inputs[name] = tensor.as_numpy()
         check_parameters(json.loads(request.parameters() or "{}"))
+        return inputs
+
+    def _cancelled(self, request):
+        """The response to a ``cancel`` request (None: not one)."""
+        target = cancel_target(self._inputs(request))
+        if target is None:
+            return None
+        if not self.scheduler.cancel(target):
+            raise BadRequest(f"cancel: no request {target!r} in flight (it may have finished)")
+        return self._outputs(response("", [], 0, "cancelled", 0))
+
+    def _parse(self, request):
+        inputs = self._inputs(request)
         parsed = parse_request(inputs, self.runtime.tokenizer, self.limits, self.defaults, chat=self.runtime.chat_prompt)
         check_with_runtime(self.runtime, parsed)
         return parsed
@@ -59,6 +73,9 @@ class TritonPythonModel:
         for request in requests:
             box, prompt_tokens = queue.Queue(), 0
             try:
+                if (done := self._cancelled(request)) is not None:
+                    boxes.append((done, 0))
+                    continue
                 parsed = self._parse(request)
                 if parsed.stream:
                     raise BadRequest("stream: model dllm answers once; stream from model dllm_stream")
@@ -69,6 +86,9 @@ class TritonPythonModel:
             boxes.append((box, prompt_tokens))
         out = []
         for box, prompt_tokens in boxes:
+            if not isinstance(box, queue.Queue):          # a cancel request's response
+                out.append(box)
+                continue
             try:
                 out.append(self._outputs(collect(iter(box.get, None), prompt_tokens)))
             except BadRequest as e:
@@ -79,6 +99,9 @@ class TritonPythonModel:
         for request in requests:
             sender = request.get_response_sender()
             try:
+                if (done := self._cancelled(request)) is not None:
+                    sender.send(done, flags=self.final)
+                    continue
                 parsed = self._parse(request)
             except BadRequest as e:
                 sender.send(pb_utils.InferenceResponse(error=pb_utils.TritonError(str(e))), flags=self.final)

@@ -117,3 +117,23 @@ def test_rows_text_is_decoded_incrementally(ort, prompts, monkeypatch):
     monkeypatch.setattr(ByteTokenizer, "decode", lambda self, ids: calls.append(len(ids)) or "")
     assert [(r.text, r.token_ids, r.finish_reason) for r in ort.generate(prompts, **kw)] == want
     assert calls == []
+
+
+@pytest.mark.parametrize("name", ["vanilla", "spd-lossless-vanilla"])
+def test_a_cancelled_row_ends_at_once_and_the_others_are_unchanged(ort, prompts, name):
+    """``cancel`` (asked after every forward): the row gets one last chunk, "cancelled", and no more;
+    the other rows decode exactly as without it; alone, a cancelled row costs no further forward."""
+    kw = {**STRATEGIES[name], "gen_length": GEN}
+    want = ort.generate(prompts, **kw)
+    asked = []
+
+    def cancel():
+        asked.append(1)
+        return [0] if len(asked) == 2 else []
+    out = collect(ort.stream(prompts, cancel=cancel, **kw))
+    assert out[0][2][-1]["finish_reason"] == "cancelled"
+    assert [c["finish_reason"] for c in out[0][2]].count("cancelled") == 1
+    assert (out[1][0], out[1][1]) == (want[1].text, list(want[1].token_ids))
+    chunks = list(ort.stream(prompts[:1], cancel=lambda: [0], **kw))
+    assert chunks[-1]["finish_reason"] == "cancelled" and chunks[-1]["forwards"] <= 2
+    assert want[0].forwards > 2
