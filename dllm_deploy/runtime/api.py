@@ -180,6 +180,12 @@ class Runtime:
         forward for the rows (chunk indexes) to end now, each with finish_reason "cancelled"."""
         return self.decoder.stream(*self._call(prompts, rows, decode), join=join, cancel=cancel)
 
+    def files_changed(self) -> str | None:
+        """Why the artifact this runtime serves from changed on disk since load (a file truncated
+        or overwritten in place), or None; backends that hold no files never change."""
+        loaded = getattr(self.backend, "loaded", None)
+        return loaded.changed() if loaded is not None else None
+
     def joins_batches(self, **decode) -> bool:
         """Whether requests can join a running batch under these decode options (an exact cache)."""
         cfg, caps = self.decode_config(**decode), self.backend.capabilities

@@ -186,14 +186,24 @@ class Scheduler:
         """The decode's cancel callable: after every forward, the unfinished rows whose request was
         cancelled or ran past its deadline (and the same sweep of the waiting queue)."""
         def ending() -> list:
+            self._check_files()
             self._sweep()
             return [i for i, (r, _) in enumerate(batch) if not done[i] and (r.cancelled.is_set() or r.expired())]
         return ending
+
+    def _check_files(self) -> None:
+        """BadRequest when the served artifact's files changed in place since load: no answer is
+        computed from weights that are no longer the model's (Runtime.files_changed)."""
+        changed = getattr(self.runtime, "files_changed", None)
+        why = changed() if changed else None
+        if why:
+            raise BadRequest(f"the server's artifact changed: {why}")
 
     def _run(self, batch: list) -> None:
         requests = [r for r, _ in batch]
         done = [False] * len(batch)
         try:
+            self._check_files()
             for chunk in self.runtime.stream([r.prompt for r in requests], rows=[r.row for r in requests],
                                              join=self._joiner(batch, done), cancel=self._ending(batch, done),
                                              **requests[0].decode):

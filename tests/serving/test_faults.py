@@ -144,3 +144,29 @@ def test_a_drain_past_its_timeout_ends_every_answer(tiny_artifact):
     assert s.proc.wait(timeout=60) == 0
     err = s.proc.stderr.read()
     assert "ended by the drain timeout" in err and "Traceback" not in err, err[-2000:]
+
+
+def test_the_artifact_changed_in_place_under_a_running_server(tiny_artifact, tmp_path, offline):
+    """weights.bin overwritten in place (same size, other bytes), then truncated: each request gets
+    a clear error, never an answer from weights that are not the model's, and no SIGBUS."""
+    import shutil
+    serving_python()
+    art = tmp_path / "tiny"
+    shutil.copytree(tiny_artifact[0], art)
+    s = Server(art, ["--max-batch-size", "2"])
+    try:
+        status, out = post(f"{s.url}/v2/models/dllm/generate", {"text_input": PROMPTS[0]})
+        assert status == 200 and out["text_output"] == offline(PROMPTS[0]).text
+        weights = art / "weights.bin"
+        size = weights.stat().st_size
+        with open(weights, "r+b") as f:                 # in place: the inode the server mapped
+            f.write(bytes(reversed(weights.read_bytes()[:4096])))
+        status, out = post(f"{s.url}/v2/models/dllm/generate", {"text_input": PROMPTS[0]})
+        assert status >= 400 and "weights.bin changed on disk after it was loaded" in out["error"], out
+        os.truncate(weights, size // 2)
+        for model in ("dllm", "dllm_stream"):
+            status, out = post(f"{s.url}/v2/models/{model}/generate", {"text_input": PROMPTS[1]})
+            assert status >= 400 and f"({size} -> {size // 2} bytes)" in out["error"], out
+        assert s.proc.poll() is None                    # still up, still answering with the reason
+    finally:
+        assert s.stop() == 0

@@ -8,6 +8,8 @@ place: a verification step copies no KV; a commit replaces the arrays once per b
 """
 from __future__ import annotations
 
+import os
+
 from pathlib import Path
 
 import numpy as np
@@ -112,6 +114,7 @@ class OrtBackend:
                 if manifest["graphs"].get(g, {}).get(k) != have[k]:
                     raise UserError(f"{self.folder / MANIFEST}: corrupt manifest (graph {g!r}: its {k} are not "
                                     f"those of {files[g]})")
+        self.loaded = LoadedFiles(self.folder, files.values())
         self.providers = self.sessions["verify"].get_providers()
         inp = self.sessions["prefill"].get_inputs()
         self.kv_dtype = np.float16 if "float16" in inp[3].type else np.float32
@@ -160,6 +163,41 @@ class OrtBackend:
     def verify(self, cache, ids, pos, mask, sampling=None):
         top_i, top_p = self.run("verify", self._feeds(cache, ids, pos, mask, sampling))
         return top_i, top_p.astype(np.float32, copy=False)
+
+
+class LoadedFiles:
+    """The artifact files a session reads, held open from load on. ONNX Runtime maps weights.bin
+    into memory: a program that truncates or overwrites that very file (not ``export --force``,
+    which swaps in new files and leaves the old ones whole) changes what the sessions compute, or
+    ends the process with SIGBUS when they touch a page past the new end. ``changed`` tells,
+    from the held descriptors (the inodes actually mapped), before it is too late."""
+
+    def __init__(self, folder: Path, names):
+        self.seen: dict = {}
+        for name in sorted(set(names)):
+            path = folder / name
+            try:
+                fd = os.open(path, os.O_RDONLY)
+            except OSError:
+                continue
+            st = os.fstat(fd)
+            self.seen[name] = (fd, st.st_size, st.st_mtime_ns)
+
+    def changed(self) -> str | None:
+        """A one-line description of the first file changed since load, or None."""
+        for name, (fd, size, mtime) in self.seen.items():
+            st = os.fstat(fd)
+            if (st.st_size, st.st_mtime_ns) != (size, mtime):
+                return (f"{name} changed on disk after it was loaded ({size} -> {st.st_size} bytes): "
+                        "this process's model is no longer the file's; restart it")
+        return None
+
+    def __del__(self):
+        for fd, *_ in self.seen.values():
+            try:
+                os.close(fd)
+            except OSError:
+                pass
 
 
 def _session(folder: Path, files: dict, graph: str, options, providers):
