@@ -28,10 +28,11 @@ sys.path.insert(0, str(ROOT))
 BASE_CONFIG = {"model_type": "llada", "d_model": 2048, "n_heads": 16, "n_kv_heads": 16, "mlp_hidden_size": 5632,
                "vocab_size": 8192, "embedding_size": 8192, "mask_token_id": 8191, "eos_token_id": 8190,
                "rope_theta": 500000.0, "max_sequence_length": 4096, "weight_tying": False}
-def write_sharded(folder: Path, raw: dict, seed: int = 0) -> int:
+def write_sharded(folder: Path, raw: dict, seed: int = 0, scale: float = 0.02) -> int:
     """A random checkpoint of ``raw``'s family (any registered one) in its own tensor names, one
-    shard per layer (and one for the embedding, final norm and head): norms at 1, matrices at
-    0.02 (activations stay finite through the depth). Returns the tensors' bytes."""
+    shard per layer (and one for the embedding, final norm and head): norms at 1, matrices normal
+    with standard deviation ``scale`` (0.02: activations stay finite through the depth; larger
+    gives peaked predictions, whose decisions have margins). Returns the tensors' bytes."""
     import torch
     from safetensors.torch import save_file
 
@@ -53,7 +54,7 @@ def write_sharded(folder: Path, raw: dict, seed: int = 0) -> int:
         shard = {}
         for n in names:
             shape = shapes[n]
-            t = torch.ones(shape) if len(shape) == 1 else torch.randn(shape, generator=g) * 0.02
+            t = torch.ones(shape) if len(shape) == 1 else torch.randn(shape, generator=g) * scale
             shard[family.to_theirs(n)] = t
             weight_map[family.to_theirs(n)] = fname
             total += t.numel() * 4
