@@ -192,10 +192,11 @@ class LoadedFiles:
                         "this process's model is no longer the file's; restart it")
         return None
 
-    def __del__(self):
+    def __del__(self, _close=os.close):
+        # os.close bound at definition: at interpreter exit the os module may be gone already
         for fd, *_ in self.seen.values():
             try:
-                os.close(fd)
+                _close(fd)
             except OSError:
                 pass
 
