@@ -17,7 +17,6 @@ Nothing but its own artifact is ever deleted or left half-written (artifact/fsio
 from __future__ import annotations
 
 import contextlib
-import copy
 import hashlib
 import json
 import os
@@ -40,7 +39,9 @@ from ..models.sampling import default_pool
 from ..profiles.memory import INT8_FP32_DEFAULT
 from .graphs import GRAPHS, dynamic_axes, io_names
 from .moe_quant import quantize_experts
-from .smooth import DEFAULT_ALPHA, calibration_texts, input_ranges, smooth_
+from .smooth import DEFAULT_ALPHA, calibration_texts, input_ranges, smoothing
+from .streamed import (WeightSource, fold_weights, loaded, materialized, param_shapes, params_as_inputs,
+                       placeholder_module, tensor_bytes)
 
 PRECISIONS = ("fp32", "fp16", "int8", "int4")
 # the weight products of the exported graph, by the node names torch gives them (module paths),
@@ -57,30 +58,30 @@ DEFAULT_OPSET = 17
 TOPK = 2
 
 
-def _export_graph(module, args, names: dict, axes: dict, opset: int, path: Path):
-    """Trace ``module`` into ``path``, returned without its weights loaded: torch writes a graph over
-    protobuf's 2 GB limit with each weight in its own file beside ``path`` (external data), and
-    share_weights streams those files one tensor at a time instead of holding them all."""
+def _export_graph(module, args, names: dict, axes: dict, opset: int, path: Path, weight) -> "onnx.ModelProto":
+    """Trace ``module`` (placeholder weights, export/streamed.py) into ``path``: the graph with its
+    weights read through ``weight(name) -> numpy array`` one tensor at a time and folded into
+    ``data`` beside ``path`` (external data), returned without them loaded."""
+    import warnings
+
     import onnx
     import torch
-    with torch.no_grad():
+
+    from ..models.moe import MoE
+    contrib = any(isinstance(m, MoE) and m.form == "contrib" for m in module.modules())
+    with torch.no_grad(), params_as_inputs(), warnings.catch_warnings():
+        # the contrib MoE's torch forward (replaced by its one node in the graph) loops over the
+        # experts chosen; the tracer's warnings about it say nothing about the graph, which the
+        # parity check runs at four other shapes
+        warnings.simplefilter("ignore", torch.jit.TracerWarning)
         torch.onnx.export(module, args, str(path), input_names=names["inputs"], output_names=names["outputs"],
                           dynamic_axes={k: v for k, v in axes.items() if k in names["inputs"] + names["outputs"]},
-                          opset_version=opset, dynamo=False, do_constant_folding=True,
-                          custom_opsets={"com.microsoft": 1})
-    return onnx.load(str(path), load_external_data=False)
-
-
-def _tensor_bytes(t, base: Path) -> bytes:
-    """The raw little-endian bytes of initializer ``t``: inline, or read from its external file
-    (ONNX external data: location relative to ``base``, optional offset and length)."""
-    import onnx
-    if t.data_location != onnx.TensorProto.EXTERNAL:
-        return t.raw_data if t.raw_data else onnx.numpy_helper.to_array(t).tobytes()
-    info = {e.key: e.value for e in t.external_data}
-    with open(base / info["location"], "rb") as f:
-        f.seek(int(info.get("offset", 0)))
-        return f.read(int(info["length"])) if "length" in info else f.read()
+                          opset_version=opset, dynamo=False, export_params=False, do_constant_folding=False,
+                          custom_opsets={"com.microsoft": 1} if contrib else None)
+    model = onnx.load(str(path))
+    fold_weights(model, weight, path.parent)
+    onnx.save(model, str(path))
+    return model
 
 
 def _all_tensors(graph):
@@ -106,7 +107,7 @@ def share_weights(models: dict, folder: Path, weights_name: str, min_bytes: int 
         for name, model in models.items():
             base = (bases or {}).get(name, folder)
             for t in _all_tensors(model.graph):
-                raw = _tensor_bytes(t, base)
+                raw = tensor_bytes(t, base)
                 if len(raw) < min_bytes:
                     if t.data_location == onnx.TensorProto.EXTERNAL:
                         del t.external_data[:]
@@ -215,7 +216,10 @@ def export(model: str = "tiny", out: str | Path = "artifact", precisions=("fp32"
     routed experts are exported, "contrib" (ONNX Runtime's com.microsoft.MoE) or "gather" (standard
     operators; models/moe.py). ``chat_template``: a file with the chat template the artifact carries
     (default: the model folder's, chat.py::load_chat_template)."""
-    from ..models.loading import load_model, resolve_model_dir
+    import torch
+
+    from ..models.config import DLLMConfig
+    from ..models.loading import resolve_model_dir
     from ..models.tokenizer import load_tokenizer
 
     precisions = list(dict.fromkeys(precisions))
@@ -258,10 +262,11 @@ def export(model: str = "tiny", out: str | Path = "artifact", precisions=("fp32"
     with lock_target(out):
         check_target(out, src, force)       # again: another process may have written it meanwhile
         clean_stale(out)
-        module, cfg = load_model(src, attention="eager")
-        module.set_moe_form(moe_form)
-        held = {"module": module}       # _write_artifact drops the module once no variant needs it
-        del module
+        cfg = DLLMConfig.from_file(src / "config.json")
+        family = get_family(cfg.layout)
+        # the weights stay in the checkpoint; read one tensor at a time as the export needs them
+        module = placeholder_module(family, cfg, torch.float32)
+        source = WeightSource(src, family, cfg, param_shapes(module))
         pool = _sample_pool(sample_pool, cfg.vocab_size)
         tok = load_tokenizer(src, cfg.eos_token_id)
         try:
@@ -271,7 +276,7 @@ def export(model: str = "tiny", out: str | Path = "artifact", precisions=("fp32"
         try:
             work = scratch / "artifact"
             work.mkdir()
-            files, parity_report = _write_artifact(work, held, cfg, tok, src, block_length or cfg.block_size,
+            files, parity_report = _write_artifact(work, source, cfg, tok, src, block_length or cfg.block_size,
                                                    precisions, max_beam_width, opset, log, quant, pool,
                                                    calibration[0] if calibration else None, chat, moe_form)
             replace_dir(work, out, scratch)
@@ -284,71 +289,72 @@ def export(model: str = "tiny", out: str | Path = "artifact", precisions=("fp32"
             "sizes_bytes": sizes, "parity": parity_report, "seconds": round(time.time() - t0, 1)}
 
 
-def _write_artifact(tmp: Path, held: dict, cfg, tok, src: Path, L: int, precisions: list, max_beam_width: int,
-                    opset: int, log, quant: dict, pool: int, calibration: list[str] | None = None,
-                    chat: str | None = None, moe_form: str = "contrib") -> tuple[dict, dict]:
+def _write_artifact(tmp: Path, source: WeightSource, cfg, tok, src: Path, L: int, precisions: list,
+                    max_beam_width: int, opset: int, log, quant: dict, pool: int,
+                    calibration: list[str] | None = None, chat: str | None = None,
+                    moe_form: str = "contrib") -> tuple[dict, dict]:
     """Every file of the artifact, manifest last, into the empty folder ``tmp``; ``quant``: the
     options of each quantized precision (recorded in the manifest's ``quantization``);
     ``calibration``: the texts the int8 variant's smoothing is calibrated on (None: not smoothed).
-    int8 comes last, as its smoothing rewrites the module's weights in place (one copy in memory);
-    an fp16 variant before it is then traced from a half-precision copy. ``held["module"]``: the
-    torch module, released as soon as no variant still to come needs it (the quantized variants
-    are made from the fp32 graphs and checked against the fp32 module's outputs, kept as arrays),
-    so it is not resident beside their quantizers and ONNX Runtime sessions."""
-    import gc
-
+    The model is never resident: fp32 / fp16 graphs are traced over placeholder weights and the
+    checkpoint's tensors folded in one at a time (export/streamed.py); the torch reference of the
+    parity check runs a layer at a time. The quantized variants are made from the fp32 graphs
+    (int8 with smoothing: from an fp32 trace of the smoothed weights) and checked against the
+    fp32 reference outputs."""
     import onnx
     import torch
     t0 = time.time()
-    module = held.pop("module")
     order = sorted(precisions, key=lambda p: (p != "fp32", p == "int8"))
-    last_use = max(i for i, p in enumerate(order) if p in ("fp32", "fp16") or (p == "int8" and calibration))
     names = io_names(cfg.num_layers)
     family = get_family(cfg.layout)
     caps = family.capabilities(cfg)
     if set(caps.graphs) != set(GRAPHS):
         raise UserError(f"family {family.name!r} has graphs of roles {', '.join(caps.graphs)}; this exporter builds "
                         f"{', '.join(GRAPHS)}")
+    modules = {}
+
+    def module_of(dtype):
+        if dtype not in modules:
+            modules[dtype] = placeholder_module(family, cfg, dtype).set_attention("eager").set_moe_form(moe_form)
+        return modules[dtype]
+
     files: dict[str, dict] = {}
     parity_report: dict[str, dict] = {}
     shapes = [(1, 24, 0), (2, L, 24), (1, 2 * L, 40), (1, max_beam_width * L, 48)]
     refs32 = None
-    for step, prec in enumerate(order):
+    for prec in order:
         log(f"export {prec} ...")
         sub = tmp if prec == "fp32" else tmp / prec
         sub.mkdir(exist_ok=True)
         rel = "" if prec == "fp32" else f"{prec}/"
         trace = tmp.parent / "trace"
         bases: dict = {}
-        if prec in QUANTIZED:
-            dtype, mod = torch.float32, None
-            if prec == "int4":
-                graphs, bases = _int4_variant(tmp, quant["int4"], trace)
-            elif calibration:
-                log(f"smooth int8 (alpha {quant['int8']['smooth']['alpha']}, {len(calibration)} calibration texts) ...")
-                smooth_(module, cfg, input_ranges(module, cfg, tok, calibration, L), quant["int8"]["smooth"]["alpha"])
-                _trace_graphs(module, cfg, L, dtype, opset, trace, pool)
-                graphs = _int8_variant({g: trace / g for g in GRAPHS}, sub, quant["int8"])
-            else:
-                graphs = _int8_variant({g: tmp for g in GRAPHS}, sub, quant["int8"])
+        dtype = torch.float16 if prec == "fp16" else torch.float32
+        if prec == "int4":
+            graphs, bases = _int4_variant(tmp, quant["int4"], trace)
+        elif prec == "int8" and calibration:
+            log(f"smooth int8 (alpha {quant['int8']['smooth']['alpha']}, {len(calibration)} calibration texts) ...")
+            module = module_of(dtype)
+            with materialized(module, source):
+                ranges = input_ranges(module, cfg, tok, calibration, L)
+            ops, _ = smoothing(module, cfg, ranges, quant["int8"]["smooth"]["alpha"],
+                               real=lambda unit: loaded(module, source, unit))
+            _trace_graphs(module, cfg, L, dtype, opset, trace, pool, source.scaled(ops))
+            graphs = _int8_variant({g: trace / g for g in GRAPHS}, sub, quant["int8"])
+        elif prec == "int8":
+            graphs = _int8_variant({g: tmp for g in GRAPHS}, sub, quant["int8"])
         else:
-            dtype = torch.float16 if prec == "fp16" else torch.float32
-            # in place, and back to fp32 after it; a copy where int8's smoothing is still to come,
-            # which needs the fp32 weights exactly (a round trip through fp16 rounds them)
-            mod = (copy.deepcopy(module) if calibration else module).to(dtype) if prec == "fp16" else module
-            graphs, bases = _trace_graphs(mod, cfg, L, dtype, opset, trace, pool)
+            graphs, bases = _trace_graphs(module_of(dtype), cfg, L, dtype, opset, trace, pool, source)
         share_weights(graphs, sub, "weights.bin", bases=bases)
         shutil.rmtree(trace, ignore_errors=True)
         for g, m in graphs.items():
             onnx.save(m, str(sub / f"{g}.onnx"))
         files[prec] = {**{g: f"{rel}{g}.onnx" for g in GRAPHS}, "weights": f"{rel}weights.bin"}
-        if mod is not None:
-            gc.collect()                # the trace's tensors, before the reference forwards
-            refs = torch_outputs(mod, cfg, shapes, dtype, pool)
+        if prec not in QUANTIZED:
+            module = module_of(dtype)
+            with materialized(module, source):
+                refs = torch_outputs(module, cfg, shapes, dtype, pool)
             refs32 = refs if prec == "fp32" else refs32
-        if step >= last_use:            # no variant to come traces the module again
-            module = mod = None
-            gc.collect()
         log(f"parity {prec} ...")
         try:
             parity_report[prec] = parity(tmp, files[prec], refs if prec not in QUANTIZED else refs32, cfg, shapes, dtype)
@@ -358,8 +364,6 @@ def _write_artifact(tmp: Path, held: dict, cfg, tok, src: Path, L: int, precisio
             if prec == "fp32":
                 raise
             parity_report[prec] = {"skipped": f"ONNX Runtime CPU could not run it here: {type(e).__name__}"}
-        if prec == "fp16" and module is not None and mod is module:
-            module = module.float()
     if tok.kind == "hf":
         tok.write_files(src, tmp)
     if chat is not None:
@@ -399,9 +403,11 @@ def expert_record(cfg, form: str, files: dict) -> dict:
             "form": {p: form for p in files}}
 
 
-def _trace_graphs(module, cfg, L: int, dtype, opset: int, trace: Path, pool: int) -> tuple[dict, dict]:
-    """Both graphs traced into their own sub-folders of ``trace`` (the external weight files of
-    the two graphs carry the same names); returns the graphs (weights not loaded) and those folders."""
+def _trace_graphs(module, cfg, L: int, dtype, opset: int, trace: Path, pool: int,
+                 source: WeightSource) -> tuple[dict, dict]:
+    """Both graphs of ``module`` (placeholder weights of ``dtype``) traced into their own
+    sub-folders of ``trace``, each with the weights of ``source`` folded into its ``data`` file;
+    returns the graphs (weights not loaded) and those folders."""
     names, axes = io_names(cfg.num_layers), dynamic_axes(cfg.num_layers)
     ids, pos, mask, rest = _dummy(cfg, 1, L, 4, dtype)
     graphs, bases = {}, {}
@@ -409,7 +415,7 @@ def _trace_graphs(module, cfg, L: int, dtype, opset: int, trace: Path, pool: int
         bases[g] = trace / g
         bases[g].mkdir(parents=True)
         graphs[g] = _export_graph(wrap(module, TOPK, pool), (ids, pos, mask, *rest), names[g], axes, opset,
-                                  bases[g] / f"{g}.onnx")
+                                  bases[g] / f"{g}.onnx", lambda n: source.get(n, dtype).numpy())
     return graphs, bases
 
 
@@ -479,7 +485,9 @@ def _int4_variant(fp32_dir: Path, opts: dict, spill: Path) -> tuple[dict, dict]:
     with _quiet_root_logger():
         from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
         for g in GRAPHS:
-            model = onnx.load(str(fp32_dir / f"{g}.onnx"))
+            # the weights stay in their file: the quantizer reads each one as it quantizes it
+            model = onnx.load(str(fp32_dir / f"{g}.onnx"), load_external_data=False)
+            _absolute_locations(model, fp32_dir)
             q = MatMulNBitsQuantizer(model, bits=4, block_size=opts["block_size"], is_symmetric=opts["symmetric"],
                                      op_types_to_quantize=tuple(opts["op_types"]),
                                      nodes_to_exclude=_matmuls(model.graph, [ROUTER]))
@@ -492,6 +500,18 @@ def _int4_variant(fp32_dir: Path, opts: dict, spill: Path) -> tuple[dict, dict]:
             del q, model
             graphs[g] = onnx.load(str(bases[g] / f"{g}.onnx"), load_external_data=False)
     return graphs, bases
+
+
+def _absolute_locations(model, base: Path) -> None:
+    """Point every external tensor of ``model`` at its file by absolute path (its location is
+    relative to ``base``), so a tool reading tensors one at a time (ONNX Runtime's quantizers,
+    share_weights) finds them wherever the graph is saved."""
+    import onnx
+    for t in _all_tensors(model.graph):
+        if t.data_location == onnx.TensorProto.EXTERNAL:
+            for e in t.external_data:
+                if e.key == "location":
+                    e.value = str((base / e.value).resolve())
 
 
 @contextlib.contextmanager

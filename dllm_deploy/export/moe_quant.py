@@ -48,17 +48,20 @@ def dequantize_rows(packed: np.ndarray, scale: np.ndarray, bits: int, block: int
 
 
 def quantize_experts(model, bits: int, block_size: int | None) -> int:
-    """Replace every com.microsoft.MoE node of ``model`` (onnx ModelProto, weights loaded) by a
-    QMoE node over its experts quantized to ``bits`` (4 or 8), ``block_size`` inputs per scale
-    (None, or a block not dividing both widths: one scale per row). Returns the nodes replaced."""
+    """Replace every com.microsoft.MoE node of ``model`` (onnx ModelProto; weights loaded, or
+    external with absolute locations: each read when its node is quantized) by a QMoE node over its
+    experts quantized to ``bits`` (4 or 8), ``block_size`` inputs per scale (None, or a block not
+    dividing both widths: one scale per row). Returns the nodes replaced."""
     from onnx import helper, numpy_helper
+
+    from .streamed import tensor_array
     graph = model.graph
     inits = {t.name: t for t in graph.initializer}
     done = 0
     for i, node in enumerate(list(graph.node)):
         if node.op_type != "MoE" or node.domain != "com.microsoft":
             continue
-        fc1, fc2 = numpy_helper.to_array(inits[node.input[2]]), numpy_helper.to_array(inits[node.input[4]])
+        fc1, fc2 = tensor_array(inits[node.input[2]]), tensor_array(inits[node.input[4]])
         hidden, width = fc1.shape[2], fc2.shape[2]
         block = block_size if block_size and hidden % block_size == 0 and width % block_size == 0 else None
         names = []

@@ -76,6 +76,10 @@ def input_ranges(module, cfg, tok, texts: list[tuple[str, str]], block_length: i
     handles = [m.register_forward_hook(hook(n)) for n, m in module.named_modules() if isinstance(m, torch.nn.Linear)]
     impl = module.model.layers[0].self_attn.impl
     module.set_attention("sdpa")            # the exported form fuses q/k/v and gate/up: no per-Linear call
+    from ..models.moe import MoE
+    form = next((m.form for m in module.modules() if isinstance(m, MoE)), None)
+    if form is not None:                    # the contrib form runs the experts from stacked weights:
+        module.set_moe_form("gather")       # no per-expert call to record
     try:
         with torch.no_grad():
             for prompt, answer in texts:
@@ -93,6 +97,8 @@ def input_ranges(module, cfg, tok, texts: list[tuple[str, str]], block_length: i
                 module(torch.tensor([ids]), torch.arange(n)[None], torch.from_numpy(np.asarray(mask))[None, None])
     finally:
         module.set_attention(impl)
+        if form is not None:
+            module.set_moe_form(form)
         for h in handles:
             h.remove()
     return amax
@@ -113,37 +119,53 @@ def _swiglus(mlp, name: str) -> list:
     return out + ([(f"{name}.shared_experts", mlp.shared_experts)] if mlp.shared_experts is not None else [])
 
 
-def smooth_(module, cfg, amax: dict, alpha: float = DEFAULT_ALPHA) -> list[str]:
-    """Smooths ``module`` in place (its function is unchanged up to rounding); returns the names
-    of the products smoothed."""
+def smoothing(module, cfg, amax: dict, alpha: float = DEFAULT_ALPHA, real=None) -> tuple[list, list[str]]:
+    """The smoothing of ``module``: ([(parameter name, "mul" | "div", factor)] in the order they
+    apply, names of the products smoothed). Every factor is computed from the unsmoothed weights.
+    ``real(submodule)``: a context in which the submodule's parameters are its real weights (for a
+    placeholder module, export/streamed.py); default: they are."""
+    import contextlib
+
     import torch
+    real = real or (lambda _m: contextlib.nullcontext())
+    ops: list = []
     done = []
     with torch.no_grad():
         for i, layer in enumerate(module.model.layers):
             a, m, p = layer.self_attn, layer.mlp, f"model.layers.{i}"
-            qkv = a.qkv_weights()
-            s = _scales(amax[f"{p}.self_attn.{'qkv_proj' if len(qkv) == 1 else 'q_proj'}"], qkv, alpha)
-            layer.input_layernorm.weight.div_(s)
-            for w in qkv:
-                w.mul_(s)
-            units = _swiglus(m, f"{p}.mlp")                  # (name, SwiGLU) reading the normed input
-            seen = [amax[f"{n}.gate_proj"] for n, _ in units if f"{n}.gate_proj" in amax]
-            s = _scales(torch.stack(seen).amax(0), [w for _, u in units for w in (u.gate_proj.weight, u.up_proj.weight)], alpha)
-            layer.post_attention_layernorm.weight.div_(s)
-            for _, u in units:
-                u.gate_proj.weight.mul_(s)
-                u.up_proj.weight.mul_(s)
-            if hasattr(m, "gate"):                           # a router reads the same input
-                m.gate.weight.mul_(s)
-            for n, u in units:
-                if f"{n}.down_proj" in amax:                # (an expert no calibration token chose keeps its scale)
-                    s = _scales(amax[f"{n}.down_proj"], [u.down_proj.weight], alpha)
-                    u.up_proj.weight.div_(s[:, None])
-                    u.down_proj.weight.mul_(s)
+            fused = hasattr(a, "qkv_proj")
+            with real(layer):
+                qkv = a.qkv_weights()
+                s = _scales(amax[f"{p}.self_attn.{'qkv_proj' if fused else 'q_proj'}"], qkv, alpha)
+                ops.append((f"{p}.input_layernorm.weight", "div", s))
+                ops += [(f"{p}.self_attn.{x}_proj.weight", "mul", s) for x in (("qkv",) if fused else "qkv")]
+                units = _swiglus(m, f"{p}.mlp")                  # (name, SwiGLU) reading the normed input
+                seen = [amax[f"{n}.gate_proj"] for n, _ in units if f"{n}.gate_proj" in amax]
+                s = _scales(torch.stack(seen).amax(0), [w for _, u in units for w in (u.gate_proj.weight, u.up_proj.weight)], alpha)
+                ops.append((f"{p}.post_attention_layernorm.weight", "div", s))
+                ops += [(f"{n}.{x}_proj.weight", "mul", s) for n, _ in units for x in ("gate", "up")]
+                if hasattr(m, "gate"):                           # a router reads the same input
+                    ops.append((f"{p}.mlp.gate.weight", "mul", s))
+                for n, u in units:
+                    if f"{n}.down_proj" in amax:                # (an expert no calibration token chose keeps its scale)
+                        s = _scales(amax[f"{n}.down_proj"], [u.down_proj.weight], alpha)
+                        ops += [(f"{n}.up_proj.weight", "div", s[:, None]), (f"{n}.down_proj.weight", "mul", s)]
             done += [f"{p}.self_attn.qkv", f"{p}.mlp.gate_up", f"{p}.mlp.down_proj"]
         if not cfg.tie_word_embeddings:
-            s = _scales(amax["lm_head"], [module.lm_head.weight], alpha)
-            module.model.norm.weight.div_(s)
-            module.lm_head.weight.mul_(s)
+            with real(module.lm_head):
+                s = _scales(amax["lm_head"], [module.lm_head.weight], alpha)
+            ops += [("model.norm.weight", "div", s), ("lm_head.weight", "mul", s)]
             done.append("lm_head")
+    return ops, done
+
+
+def smooth_(module, cfg, amax: dict, alpha: float = DEFAULT_ALPHA) -> list[str]:
+    """Smooths ``module`` in place (its function is unchanged up to rounding); returns the names
+    of the products smoothed."""
+    import torch
+    ops, done = smoothing(module, cfg, amax, alpha)
+    params = dict(module.named_parameters())
+    with torch.no_grad():
+        for name, op, s in ops:
+            getattr(params[name], op + "_")(s)
     return done

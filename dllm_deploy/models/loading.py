@@ -37,22 +37,29 @@ def _shard_files(folder: Path) -> list[Path]:
     return files
 
 
-def iter_tensors(folder: Path, wanted=None):
-    """(checkpoint name, torch tensor) of the checkpoint, read one tensor at a time (a tensor is
-    resident only while the caller holds it); ``wanted(name) -> bool`` skips the others unread."""
+def open_shards(folder: Path):
+    """(file, open safetensors handle) of each shard of the checkpoint in turn (the handle is
+    closed, and its mapping released, when the next is yielded); unreadable files are UserErrors."""
     from safetensors import SafetensorError, safe_open
     for f in _shard_files(folder):
         try:
             with open(f, "rb"):     # the library reports an unreadable file as a missing one
                 pass
             with safe_open(str(f), framework="pt") as st:
-                for name in st.keys():
-                    if wanted is None or wanted(name):
-                        yield name, st.get_tensor(name)
+                yield f, st
         except OSError as e:
             raise file_error(f, e) from None
         except (SafetensorError, ValueError) as e:
             raise UserError(f"{f}: corrupt safetensors file ({e})") from None
+
+
+def iter_tensors(folder: Path, wanted=None):
+    """(checkpoint name, torch tensor) of the checkpoint, read one tensor at a time (a tensor is
+    resident only while the caller holds it); ``wanted(name) -> bool`` skips the others unread."""
+    for _, st in open_shards(folder):
+        for name in st.keys():
+            if wanted is None or wanted(name):
+                yield name, st.get_tensor(name)
 
 
 def read_tensors(folder: Path) -> dict:

@@ -6,7 +6,8 @@
 #
 # Rows: torch on CUDA decodes the CPU's tokens with the committed weights (check_decode_cuda.py);
 # the bench with torch on CUDA, W 1-16 (check_bench_gpu.py); ONNX Runtime's CUDA provider against
-# its CPU one (check_ort_cuda.py; skipped with the CPU build of onnxruntime); TensorRT engines
+# its CPU one (check_ort_cuda.py; skipped with the CPU build of onnxruntime); the same for the
+# mixture-of-experts graphs, both expert forms, fp32 and int4 (check_moe_cuda.py); TensorRT engines
 # built through Polygraphy and their tokens against ONNX Runtime (check_trt.py; skipped without
 # tensorrt or polygraphy).
 #
@@ -15,7 +16,7 @@
 #   PYTHON  the Python with torch (default python3)
 #   WHEELS  folder of wheels installed first into a private folder put ahead on PYTHONPATH
 #           (pip --no-index --no-deps), e.g. polygraphy, onnxruntime-gpu (default .whl, if present)
-# Each check has a time limit; together they stay under 8 minutes.
+# Each check has a time limit; together they stay under 9 minutes.
 # Exit status: 0 every check passed or was skipped; 1 a check failed or ran out of time;
 # 3 there is no GPU here (one line on stderr, nothing run).
 set -uo pipefail
@@ -47,6 +48,7 @@ CHECKS=(
     "decode_cuda|110|$PY tests/gpu/check_decode_cuda.py --n 2"
     "bench_torch_cuda|160|$PY tests/gpu/check_bench_gpu.py --out $LOGS/bench --backends torch --no-plots"
     "ort_cuda|60|$PY tests/gpu/check_ort_cuda.py --n 2"
+    "moe_ort_cuda|60|$PY tests/gpu/check_moe_cuda.py"
     "trt|100|$PY tests/gpu/check_trt.py --n 1"
 )
 
