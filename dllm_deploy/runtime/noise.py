@@ -6,7 +6,7 @@ draw" of a stream: a drafted SPD node and its verification see the noise the bas
 that step, so lossless SPD stays lossless under sampling, and a row's tokens do not depend on the
 batch around it. The C++ runtime implements the same function (tests/cpp/fixtures/noise.json).
 
-    counter = (position, step, request, 0), key = (seed, 0)
+    counter = (position, step, request, use), key = (seed, 0)     (use 0 here)
     u = float32((philox(counter, key)[0] >> 40) * 2**-24)      # 24 bits: exact, in [0, 1)
 
 Vectorised numpy: 64x64 -> 128-bit products through 32-bit limbs held in uint64.
@@ -47,16 +47,23 @@ def philox4x64(counter, key) -> np.ndarray:
     return np.stack(np.broadcast_arrays(c0, c1, c2, c3), axis=-1)
 
 
-def raw(seed, request, positions, steps) -> np.ndarray:
-    """philox((position, step, request, 0), (seed, 0))[0] as uint64, the arguments broadcast."""
-    seed, request, positions, steps = np.broadcast_arrays(*(np.asarray(x, dtype=np.uint64)   # 2**64: OverflowError
-                                                             for x in (seed, request, positions, steps)))
-    zero = np.zeros_like(seed)
-    counter = np.stack([positions, steps, request, zero], axis=-1)
-    return philox4x64(counter, np.stack([seed, zero], axis=-1))[..., 0]
+def raw(seed, request, positions, steps, use=0) -> np.ndarray:
+    """philox((position, step, request, use), (seed, 0))[0] as uint64, the arguments broadcast.
+    ``use`` tells apart draws of one position and step that serve different ends (the masked
+    families draw one: use 0; runtime/uniform_diffusion.py draws three)."""
+    seed, request, positions, steps, use = np.broadcast_arrays(*(np.asarray(x, dtype=np.uint64)   # 2**64: OverflowError
+                                                                 for x in (seed, request, positions, steps, use)))
+    counter = np.stack([positions, steps, request, use], axis=-1)
+    return philox4x64(counter, np.stack([seed, np.zeros_like(seed)], axis=-1))[..., 0]
 
 
-def uniforms(seed, request, positions, steps) -> np.ndarray:
-    """The float32 uniforms in [0, 1) of the given (seed, request, position, step) (broadcast):
+def uniforms(seed, request, positions, steps, use=0) -> np.ndarray:
+    """The float32 uniforms in [0, 1) of the given (seed, request, position, step, use) (broadcast):
     the top 24 bits of the first Philox output word, exact in float32."""
-    return ((raw(seed, request, positions, steps) >> np.uint64(40)).astype(np.float64) * 2.0 ** -24).astype(np.float32)
+    return ((raw(seed, request, positions, steps, use) >> np.uint64(40)).astype(np.float64) * 2.0 ** -24).astype(np.float32)
+
+
+def token_ids(seed, request, positions, steps, use, vocab_size: int) -> np.ndarray:
+    """Token ids uniform over [0, vocab_size) of the given (seed, request, position, step, use):
+    the top 32 bits of the first Philox output word modulo the vocabulary (int64)."""
+    return ((raw(seed, request, positions, steps, use) >> np.uint64(32)) % np.uint64(vocab_size)).astype(np.int64)

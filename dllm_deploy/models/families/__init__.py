@@ -6,4 +6,7 @@ and its tests: docs/families.md.
 """
 
 # model_types recognised but not supported yet: model_type -> why (the loader's one-line refusal)
-UNSUPPORTED: dict[str, str] = {}
+UNSUPPORTED: dict[str, str] = {
+    "diffusion_gemma": "its ONNX export is not built yet; the torch reference module and its decode loop are: "
+                       "dllm_deploy.models.diffusion_gemma, docs/diffusion_gemma.md",
+}

@@ -1,0 +1,150 @@
+"""Uniform-noise block diffusion (DiffusionGemma): the decode rule and its loop.
+
+The canvas starts as random token ids. Each denoising step runs the decoder over it (conditioned
+on the previous step's tempered logits) and then, with z = logits / T at T = t_min + (t_max - t_min)
+* s / N for the steps s = N .. 1 left:
+- every position draws a token from softmax(z) (``sampled``);
+- positions are sorted by the entropy of softmax(z); the lowest-entropy ones are **accepted**
+  while the entropies summed before each stay within ``entropy_bound`` (the lowest is always
+  accepted); accepted positions take the sampled token, every other position a new random one
+  (a position accepted at an earlier step is re-randomised unless accepted again);
+- a row stops when its argmax canvas equals the one of the previous ``stability_threshold``
+  steps and the mean entropy is below ``confidence_threshold``; its canvas is then the argmax.
+After N steps or the stop, the canvas (its argmax) joins the sequence: the encoder writes it into
+the KV cache and the next canvas starts. A row ends with the canvas holding an EOS; every token
+after the EOS, and every canvas after, is the pad token. Options and defaults are transformers
+5.23's (``DiffusionGemmaGenerationConfig``); the temperature is computed in fp32 as there.
+
+All randomness is counter-based (runtime/noise.py), a pure function of (seed, request, absolute
+position, step, use), so a row's tokens never depend on the batch around it: ``use`` INIT (the
+canvas's first ids, step 0), SAMPLE (the uniform of a position's draw at step s) and RENOISE (the
+ids that replace the positions not accepted at step s).
+
+The backend is anything with ``empty(batch)``, ``encode(ids, positions, keep, past)`` and
+``denoise(canvas, positions, keep, past, state, temperature, u, frozen)`` (models/diffusion_gemma.py's
+TorchDenoiser; the exported graphs behind the same calls).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from . import noise
+
+INIT, SAMPLE, RENOISE = 1, 2, 3
+
+
+@dataclass(frozen=True)
+class UniformDiffusionOptions:
+    max_new_tokens: int = 256
+    max_denoising_steps: int = 48
+    entropy_bound: float = 0.1
+    t_min: float = 0.4
+    t_max: float = 0.8
+    stability_threshold: int = 1
+    confidence_threshold: float = 0.005
+    seed: int = 0
+
+
+@dataclass
+class UniformDiffusionResult:
+    sequences: np.ndarray            # (B, P + canvases * L): the left-padded prompts, then the canvases
+    new_tokens: np.ndarray           # (B, canvases * L)
+    forwards: np.ndarray             # (B,) decoder forwards the row took part in (transformers' count)
+    encoder_forwards: int            # encoder calls (one per canvas, the prompt's included)
+    valid: np.ndarray                # (B,) new tokens that are not the pad token
+
+    @property
+    def tokens_per_forward(self) -> np.ndarray:
+        """Non-pad new tokens per decoder forward, per row (transformers' ``tokens_per_forward``)."""
+        return self.valid / np.maximum(self.forwards, 1)
+
+
+def temperature(step: int, steps: int, t_min: float, t_max: float) -> np.float32:
+    """T at step ``step`` of ``steps`` (counting down), in fp32 arithmetic as transformers does."""
+    frac = np.float32(step) / np.float32(steps)
+    return np.float32(np.float32(t_min) + np.float32(np.float32(t_max - t_min) * frac))
+
+
+def accept(entropy: np.ndarray, bound: float) -> np.ndarray:
+    """(B,T) bool: per row, the lowest-entropy positions whose entropies summed before them are
+    within ``bound`` (stable order among equal entropies)."""
+    order = np.argsort(entropy, axis=-1, kind="stable")
+    ranked = np.take_along_axis(entropy, order, axis=-1)
+    chosen = np.cumsum(ranked, axis=-1, dtype=ranked.dtype) - ranked <= np.asarray(bound, dtype=ranked.dtype)
+    out = np.zeros_like(chosen)
+    np.put_along_axis(out, order, chosen, axis=-1)
+    return out
+
+
+def finalize_canvas(new: np.ndarray, finished: np.ndarray, ending: np.ndarray, eos_ids, pad: int) -> np.ndarray:
+    """The canvas ``new`` (B,L) as it joins the sequence: all pad in rows that ``finished`` before
+    it; where some row ends with it (``ending``), every token after a row's first EOS is pad."""
+    out = new.copy()
+    out[finished] = pad
+    if ending.any():
+        is_eos = np.isin(out, eos_ids)
+        seen = np.cumsum(is_eos, axis=-1)
+        out[(seen > 0) & ~((seen == 1) & is_eos)] = pad
+    return out
+
+
+def generate(backend, prompts: list[list[int]], opts: UniformDiffusionOptions, *, vocab_size: int,
+             canvas_length: int, eos_ids, pad_id: int, request_ids=None) -> UniformDiffusionResult:
+    """Decode ``prompts`` (token ids) in one batch, left-padded with ``pad_id``: every row's
+    positions count from the first column (as transformers' generate() gives a padded batch).
+    ``eos_ids``: the ids that end a row (Gemma has two: <eos> and <end_of_turn>)."""
+    eos_ids = np.asarray(list(eos_ids) if np.ndim(eos_ids) else [eos_ids], dtype=np.int64)
+    b, p0, big_l = len(prompts), max(len(x) for x in prompts), canvas_length
+    ids = np.full((b, p0), pad_id, dtype=np.int64)
+    keep = np.zeros((b, p0), dtype=bool)
+    for i, x in enumerate(prompts):
+        ids[i, p0 - len(x):], keep[i, p0 - len(x):] = x, True
+    req = np.arange(b, dtype=np.int64) if request_ids is None else np.asarray(request_ids, dtype=np.int64)
+    steps = opts.max_denoising_steps
+    finished = np.zeros(b, dtype=bool)
+    forwards = np.zeros(b, dtype=np.int64)
+    past = backend.empty(b)
+    pending, start, canvases = ids, 0, []
+    for c in range(math.ceil(opts.max_new_tokens / big_l)):
+        cur = keep.shape[1]
+        past = backend.encode(pending, np.tile(np.arange(start, cur), (b, 1)), keep, past)
+        pos = np.tile(np.arange(cur, cur + big_l), (b, 1))
+        canvas = noise.token_ids(opts.seed, req[:, None], pos, 0, INIT, vocab_size)
+        argmax, state = canvas, None
+        done = np.zeros(b, dtype=bool)
+        history = np.full((max(opts.stability_threshold, 0), b, big_l), -1, dtype=np.int64)
+        for s in range(steps, 0, -1):
+            forwards += ~(done | finished)
+            t = np.full(b, temperature(s, steps, opts.t_min, opts.t_max), dtype=np.float32)
+            u = noise.uniforms(opts.seed, req[:, None], pos, s, SAMPLE)
+            am, sampled, entropy, state = backend.denoise(canvas, pos, keep, past, state, t, u, done)
+            chosen = accept(entropy, opts.entropy_bound)
+            fresh = noise.token_ids(opts.seed, req[:, None], pos, s, RENOISE, vocab_size)
+            nxt = np.where(chosen, sampled, fresh)
+            am = np.where(done[:, None], argmax, am)
+            nxt = np.where(done[:, None], canvas, nxt)
+            if opts.stability_threshold:
+                stable = (history == am[None]).all(axis=-1).all(axis=0)
+                history = np.roll(history, -1, axis=0)
+                history[-1] = am
+            else:
+                stable = np.ones(b, dtype=bool)
+            done |= stable & (entropy.mean(axis=-1) < np.float32(opts.confidence_threshold))
+            argmax, canvas = am, nxt
+            if done.all():
+                break
+        last = c == math.ceil(opts.max_new_tokens / big_l) - 1      # the length limit ends every row
+        ending = np.full(b, last) | np.isin(argmax, eos_ids).any(axis=-1)
+        new = finalize_canvas(argmax, finished, ending, eos_ids, pad_id)
+        canvases.append(new)
+        finished |= ending
+        if finished.all():
+            break
+        pending, start = new, cur
+        keep = np.concatenate([keep, np.ones((b, big_l), dtype=bool)], axis=1)
+    new_tokens = np.concatenate(canvases, axis=1)
+    return UniformDiffusionResult(np.concatenate([ids, new_tokens], axis=1), new_tokens, forwards, len(canvases),
+                                  (new_tokens != pad_id).sum(axis=-1))

@@ -1,0 +1,266 @@
+"""DiffusionGemma's text model (models/diffusion_gemma.py) against transformers 5.23's
+DiffusionGemmaForBlockDiffusion (eager attention and experts) on a tiny random checkpoint with
+sliding and full layers of different head widths and KV heads, several experts, a sliding
+window shorter than the prompt and a left-padded batch: the encoder's KV cache and the
+decoder's logits, with and without self-conditioning, in float64 and float32."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+transformers = pytest.importorskip("transformers")
+
+TEXT = dict(vocab_size=300, hidden_size=64, intermediate_size=96, num_hidden_layers=4, num_attention_heads=4,
+            num_key_value_heads=2, head_dim=16, global_head_dim=32, num_global_key_value_heads=1, sliding_window=6,
+            layer_types=["sliding_attention", "full_attention", "sliding_attention", "full_attention"],
+            num_experts=4, top_k_experts=2, moe_intermediate_size=32, max_position_embeddings=512,
+            use_bidirectional_attention="vision", pad_token_id=0, eos_token_id=1, bos_token_id=2)
+VISION = dict(model_type="gemma4_vision", hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+              num_attention_heads=2, num_key_value_heads=2, head_dim=16)
+CANVAS, PROMPT, PAD = 8, 12, 4          # row 1 of the batch is left-padded by PAD
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory):
+    """A random DiffusionGemma checkpoint saved by transformers (norm weights, router scales and
+    both roles' layer scalars randomised too)."""
+    from transformers import DiffusionGemmaConfig, DiffusionGemmaForBlockDiffusion
+    folder = tmp_path_factory.mktemp("diffusion_gemma")
+    torch.manual_seed(0)
+    model = DiffusionGemmaForBlockDiffusion(DiffusionGemmaConfig(text_config=TEXT, vision_config=VISION,
+                                                                 canvas_length=CANVAS)).eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "vision" not in name:
+                p.copy_(1 + 0.2 * torch.randn_like(p) if p.ndim == 1 else 0.3 * torch.randn_like(p))
+        for name, b in model.named_buffers():
+            if name.endswith("layer_scalar"):
+                b.copy_(0.5 + torch.rand_like(b))
+    model.save_pretrained(folder)
+    return folder
+
+
+def _inputs(seed: int = 1):
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(3, TEXT["vocab_size"], (2, PROMPT), generator=g)
+    keep = torch.ones(2, PROMPT, dtype=torch.bool)
+    keep[1, :PAD] = False
+    ids[1, :PAD] = TEXT["pad_token_id"]
+    canvas = torch.randint(0, TEXT["vocab_size"], (2, CANVAS), generator=g)
+    sc = torch.randn(2, CANVAS, TEXT["vocab_size"], generator=g) * 3
+    return ids, keep, canvas, sc
+
+
+def _reference(folder, dtype, ids, keep, canvas, sc):
+    """transformers: the encoder's DynamicCache, then the decoder's logits, built as its
+    generate() builds them (positions shared by every row, 2-D masks turned into its mask maps)."""
+    from transformers import DiffusionGemmaForBlockDiffusion
+    from transformers.cache_utils import DynamicCache
+    ref = DiffusionGemmaForBlockDiffusion.from_pretrained(folder, dtype=dtype, attn_implementation="eager",
+                                                          experts_implementation="eager").eval()
+    b = ids.shape[0]
+    cache = DynamicCache(config=ref.config.text_config)
+    pos = torch.arange(PROMPT)[None]
+    with torch.no_grad():
+        masks = ref.model.encoder.create_masks_for_generate(
+            config=ref.config, inputs_embeds=torch.empty(b, PROMPT, 0, dtype=dtype), attention_mask=keep,
+            past_key_values=cache, position_ids=pos)
+        ref.model.encoder(input_ids=ids, attention_mask=masks, position_ids=pos, past_key_values=cache)
+        kv = [(layer.keys.clone(), layer.values.clone()) for layer in cache.layers]
+        dmask = torch.nn.functional.pad(keep, (0, CANVAS), value=True)
+        mapping = ref.model.decoder.create_diffusion_decoder_attention_mask(
+            config=ref.config, inputs_embeds=torch.empty(b, CANVAS, 0, dtype=dtype), past_key_values=cache,
+            decoder_attention_mask=dmask)
+        logits = {}
+        for label, s in (("first step", None), ("self-conditioned", sc.to(dtype))):
+            logits[label] = ref(past_key_values=cache, decoder_input_ids=canvas, self_conditioning_logits=s,
+                                decoder_attention_mask=mapping,
+                                decoder_position_ids=torch.arange(PROMPT, PROMPT + CANVAS)[None]).logits
+    return kv, logits
+
+
+def _rows(dtype):
+    """The batch rows to compare: in float64 transformers turns a left-padded row into NaN (its
+    fp64 mask value becomes -inf in the fp32 softmax), so only the unpadded row there; both in fp32."""
+    return [0] if dtype == torch.float64 else [0, 1]
+
+
+def _ours(folder, dtype, ids, keep, canvas, sc):
+    from dllm_deploy.models.diffusion_gemma import decoder_masks, encoder_masks, load_diffusion_gemma
+    module, cfg = load_diffusion_gemma(folder, dtype=dtype)
+    b, w = ids.shape[0], cfg.sliding_window
+    pos = torch.arange(PROMPT).expand(b, -1)
+    with torch.no_grad():
+        kv = module.encode(ids, pos, encoder_masks(keep, 0, PROMPT, w), module.empty_past(b, dtype))
+        masks = decoder_masks(keep, PROMPT, CANVAS, w)
+        dpos = torch.arange(PROMPT, PROMPT + CANVAS).expand(b, -1)
+        zero = torch.zeros(b, CANVAS, cfg.hidden_size, dtype=dtype)
+        logits = {"first step": module.denoise(canvas, dpos, masks, kv, zero),
+                  "self-conditioned": module.denoise(canvas, dpos, masks, kv, module.soft_embeddings(sc.to(dtype)))}
+    return kv, logits, cfg
+
+
+@pytest.mark.parametrize("dtype,bound,logit_bound", [(torch.float64, 1e-10, 1e-10), (torch.float32, 1e-4, 1e-4)])
+def test_encoder_kv_and_decoder_logits_match_transformers(checkpoint, dtype, bound, logit_bound):
+    ids, keep, canvas, sc = _inputs()
+    ref_kv, ref_logits = _reference(checkpoint, dtype, ids, keep, canvas, sc)
+    kv, logits, cfg = _ours(checkpoint, dtype, ids, keep, canvas, sc)
+    assert cfg.layer_types == ("sliding", "full", "sliding", "full") and cfg.head_dims == (16, 32, 16, 32)
+    assert cfg.sliding_window < PROMPT
+    for i, ((k, v), (rk, rv)) in enumerate(zip(kv, ref_kv)):
+        real = keep
+        if cfg.layer_types[i] == "sliding":            # both keep the last W - 1 keys
+            assert rk.shape[2] == k.shape[2] == cfg.sliding_window - 1
+            real = keep[:, -rk.shape[2]:]
+        rows = _rows(dtype)
+        for ours, theirs in ((k, rk), (v, rv)):
+            assert ours.shape == theirs.shape and torch.isfinite(ours).all()
+            diff = (ours - theirs).abs().amax(dim=(1, 3))[rows]                  # (rows, keys)
+            assert diff[real[rows]].max() <= bound, (i, diff)
+    for label in ref_logits:
+        assert torch.isfinite(logits[label]).all()
+        ours, theirs = logits[label][rows], ref_logits[label][rows]
+        assert (ours - theirs).abs().max() <= logit_bound, (label, (ours - theirs).abs().max())
+        assert torch.equal(ours.argmax(-1), theirs.argmax(-1))
+    assert not torch.allclose(logits["first step"], logits["self-conditioned"])    # the conditioning is used
+
+
+def test_the_config_is_read_from_the_nested_text_config_and_refusals_are_one_line(checkpoint):
+    import json
+
+    from dllm_deploy.errors import UserError
+    from dllm_deploy.models.diffusion_gemma import DiffusionGemmaConfig
+    raw = json.loads((checkpoint / "config.json").read_text())
+    cfg = DiffusionGemmaConfig.from_hf(raw)
+    assert (cfg.kv_heads, cfg.num_experts, cfg.experts_per_token, cfg.canvas_length) == ((2, 1, 2, 1), 4, 2, CANVAS)
+    for change, message in ((("use_bidirectional_attention", "all"), "use_bidirectional_attention 'all' is not supported"),
+                            (("hidden_activation", "silu"), "hidden_activation 'silu' is not supported"),
+                            (("num_experts", None), "num_experts, top_k_experts and moe_intermediate_size are required")):
+        bad = {**raw, "text_config": {**raw["text_config"], change[0]: change[1]}}
+        with pytest.raises(UserError, match=message):
+            DiffusionGemmaConfig.from_hf(bad)
+    with pytest.raises(UserError, match="missing key text_config.vocab_size"):
+        DiffusionGemmaConfig.from_hf({**raw, "text_config": {k: v for k, v in raw["text_config"].items() if k != "vocab_size"}})
+
+
+class _SameNoise:
+    """transformers' generate() with its draws replaced by runtime/uniform_diffusion.py's
+    counter-based noise: torch.randint (a canvas's first ids, then each step's renoise) and
+    torch.multinomial (each step's sample, by the same inverse CDF), told apart by call order."""
+
+    def __init__(self, prompt_len: int, steps: int, seed: int = 0):
+        self.p, self.steps, self.seed = prompt_len, steps, seed
+        self.canvas, self.step = -1, None
+
+    def _pos(self, b: int):
+        import numpy as np
+        start = self.p + self.canvas * CANVAS
+        return np.tile(np.arange(start, start + CANVAS), (b, 1)), np.arange(b)[:, None]
+
+    def randint(self, low, high, size, **kw):
+        from dllm_deploy.runtime import noise
+        from dllm_deploy.runtime.uniform_diffusion import INIT, RENOISE
+        if self.step is None:                       # a new canvas
+            self.canvas += 1
+            pos, req = self._pos(size[0])
+            self.next_step = self.steps
+            return torch.from_numpy(noise.token_ids(self.seed, req, pos, 0, INIT, high))
+        pos, req = self._pos(size[0])
+        step, self.step = self.step, None
+        return torch.from_numpy(noise.token_ids(self.seed, req, pos, step, RENOISE, high))
+
+    def multinomial(self, probs, num_samples=1, **kw):
+        from dllm_deploy.models.diffusion_gemma import inverse_cdf
+        from dllm_deploy.runtime import noise
+        from dllm_deploy.runtime.uniform_diffusion import SAMPLE
+        self.step, self.next_step = self.next_step, self.next_step - 1
+        b = probs.shape[0] // CANVAS
+        pos, req = self._pos(b)
+        u = torch.from_numpy(noise.uniforms(self.seed, req, pos, self.step, SAMPLE)).reshape(-1)
+        return inverse_cdf(probs, u)[:, None]
+
+
+def _transformers_generate(folder, monkeypatch, prompts, dtype, **options):
+    from transformers import DiffusionGemmaForBlockDiffusion
+    ref = DiffusionGemmaForBlockDiffusion.from_pretrained(folder, dtype=dtype, attn_implementation="eager",
+                                                          experts_implementation="eager").eval()
+    p = max(len(x) for x in prompts)
+    ids = torch.tensor([[TEXT["pad_token_id"]] * (p - len(x)) + x for x in prompts])
+    keep = torch.tensor([[0] * (p - len(x)) + [1] * len(x) for x in prompts])
+    same = _SameNoise(p, options["max_denoising_steps"])
+    # an upstream bug: generate() builds the decoder's masks from the canvas ids (int64), and the
+    # eager masks of a padded batch then fail on torch.finfo(int64); give it a float stand-in
+    decoder = type(ref.model.decoder)
+    masks = decoder.create_diffusion_decoder_attention_mask
+    monkeypatch.setattr(decoder, "create_diffusion_decoder_attention_mask", staticmethod(
+        lambda config, inputs_embeds, **kw: masks(config=config, inputs_embeds=inputs_embeds.to(dtype), **kw)))
+    # the renoise draw follows the step's sample: the step is handed from one to the other
+    monkeypatch.setattr(torch, "randint", lambda *a, **kw: same.randint(*a, **kw))
+    monkeypatch.setattr(torch, "multinomial", lambda *a, **kw: same.multinomial(*a, **kw))
+    if "entropy_bound" in options:
+        from transformers.models.diffusion_gemma.generation_diffusion_gemma import EntropyBoundSamplerConfig
+        options["sampler_config"] = EntropyBoundSamplerConfig(entropy_bound=float(options.pop("entropy_bound")))
+    with torch.no_grad():      # the tiny checkpoint's generation_config.json names no EOS or pad: given here
+        out = ref.generate(ids, attention_mask=keep, eos_token_id=TEXT["eos_token_id"],
+                           pad_token_id=TEXT["pad_token_id"], **options)
+    monkeypatch.undo()
+    return out
+
+
+def _ours_generate(folder, prompts, dtype, **options):
+    from dllm_deploy.models.diffusion_gemma import TorchDenoiser, load_diffusion_gemma
+    from dllm_deploy.runtime.uniform_diffusion import UniformDiffusionOptions, generate
+    module, cfg = load_diffusion_gemma(folder, dtype=dtype)
+    return generate(TorchDenoiser(module, dtype), prompts, UniformDiffusionOptions(**options),
+                    vocab_size=cfg.vocab_size, canvas_length=cfg.canvas_length, eos_ids=[cfg.eos_token_id],
+                    pad_id=cfg.pad_token_id)
+
+
+PROMPTS = [[5, 17, 33, 41, 9, 12, 77, 101, 64, 3, 250, 18], [7, 7, 90, 31, 44, 120, 8, 15]]
+EQUAL = [PROMPTS[0], PROMPTS[0][::-1]]
+
+
+# float64 (rounding cannot tell the two apart) on prompts of one length: transformers turns a
+# left-padded row into NaN in float64 (_rows); the padded batch runs in float32
+@pytest.mark.parametrize("prompts,dtype", [(EQUAL, torch.float64), (PROMPTS, torch.float32)], ids=["fp64", "fp32-padded"])
+@pytest.mark.parametrize("options", [
+    {"max_new_tokens": 24, "max_denoising_steps": 5},                                   # transformers' rule, 3 canvases
+    {"max_new_tokens": 24, "max_denoising_steps": 6, "t_min": 0.05, "t_max": 0.3,        # sharp: many accepted, rows
+     "entropy_bound": 1.0, "confidence_threshold": 0.5, "stability_threshold": 0},      # stop early, one at an EOS
+], ids=["defaults", "early-stop-eos"])
+def test_generate_is_token_identical_to_transformers_with_the_same_noise(checkpoint, monkeypatch, options, prompts, dtype):
+    ref = _transformers_generate(checkpoint, monkeypatch, prompts, dtype, **dict(options))
+    ours = _ours_generate(checkpoint, prompts, dtype, **options)
+    assert ours.sequences.tolist() == ref.sequences.tolist()
+    assert ours.tokens_per_forward.tolist() == pytest.approx(ref.tokens_per_forward.tolist())
+    canvases = -(-options["max_new_tokens"] // CANVAS)
+    if "confidence_threshold" in options:           # the case exercises what it is named for
+        assert (ours.forwards < canvases * options["max_denoising_steps"]).all()
+        if prompts is PROMPTS:                      # (these weights draw an EOS for these prompts)
+            assert (ours.new_tokens == TEXT["pad_token_id"]).any() and (ours.new_tokens == TEXT["eos_token_id"]).any()
+    else:
+        assert (ours.forwards == canvases * options["max_denoising_steps"]).all()
+
+
+def test_decoding_defaults_come_from_generation_config(checkpoint, tmp_path):
+    import json
+    import shutil
+
+    from dllm_deploy.models.diffusion_gemma import DiffusionGemmaConfig, generation_defaults
+    folder = tmp_path / "ckpt"
+    shutil.copytree(checkpoint, folder)
+    cfg = DiffusionGemmaConfig.from_file(folder / "config.json")
+    assert generation_defaults(folder, cfg) == {"eos_ids": [1], "pad_id": 0, "options": {}}    # the saved file sets none
+    (folder / "generation_config.json").write_text(json.dumps({
+        "eos_token_id": [1, 106], "pad_token_id": 0, "max_denoising_steps": 32, "t_min": 0.3,
+        "sampler_config": {"entropy_bound": 0.2, "_cls_name": "EntropyBoundSamplerConfig"}}))
+    assert generation_defaults(folder, cfg) == {"eos_ids": [1, 106], "pad_id": 0,
+                                                "options": {"max_denoising_steps": 32, "t_min": 0.3, "entropy_bound": 0.2}}
+
+
+def test_export_refuses_diffusion_gemma_in_one_line_naming_what_runs(checkpoint, tmp_path):
+    from dllm_deploy.errors import UserError
+    from dllm_deploy.export.exporter import export
+    with pytest.raises(UserError, match="model_type 'diffusion_gemma' is recognised but not supported .*torch reference"):
+        export(checkpoint, tmp_path / "out", log=lambda m: None)
+    assert not (tmp_path / "out").exists()
