@@ -177,18 +177,26 @@ def _swap_out(held: list) -> None:
 
 
 @contextlib.contextmanager
-def materialized(module, source: WeightSource, dtype=None):
+def materialized(module, source: WeightSource, dtype=None, resident: tuple = ()):
     """While inside, ``module`` (a placeholder_module) computes with its real weights: each unit's
-    parameters are read from ``source`` just before the unit runs and dropped just after it."""
+    parameters are read from ``source`` just before the unit runs and dropped just after it.
+    ``resident``: names of submodules whose weights are read outside their own forward (an
+    embedding the head reuses, scalars another module reads): loaded for the whole context."""
     held: list = []
     handles = []
+    kept: list = []
+    for name in resident:
+        _swap_in(name, module.get_submodule(name), source, dtype, kept)
     for prefix, unit in _units(module):
+        if any(prefix == r or prefix.startswith(r + ".") for r in resident):
+            continue
         handles += [unit.register_forward_pre_hook(lambda u, _a, prefix=prefix: _swap_in(prefix, u, source, dtype, held)),
                     unit.register_forward_hook(lambda _u, _a, _o: _swap_out(held))]
     try:
         yield module
     finally:
         _swap_out(held)
+        _swap_out(kept)
         for h in handles:
             h.remove()
 

@@ -36,11 +36,13 @@ import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from ..errors import UserError
+from .masks import window_decoder_masks, window_encoder_masks
 
 MODEL_TYPE = "diffusion_gemma"
 ARCHITECTURES = ("DiffusionGemmaForBlockDiffusion",)
@@ -72,6 +74,7 @@ class DiffusionGemmaConfig:
     bos_token_id: int = 2
     max_seq: int = 131_072
     layout: str = MODEL_TYPE
+    tie_word_embeddings = False      # (not a field) the head reads the embedding parameter itself: one name
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -246,7 +249,7 @@ class Router(nn.Module):
         probs = torch.softmax(self.proj(self.norm(x) * self.scale * self.root), dim=-1, dtype=torch.float32)
         w, ids = torch.topk(probs, self.k, dim=-1)
         w = w / w.sum(-1, keepdim=True)
-        return w * self.per_expert_scale[ids], ids
+        return w * self.per_expert_scale.index_select(0, ids.reshape(-1)).reshape(ids.shape), ids
 
 
 class Experts(nn.Module):
@@ -264,10 +267,11 @@ class Experts(nn.Module):
         expert runs on the tokens that chose it (gathered), added back by index."""
         out = torch.zeros_like(x)
         for e in range(self.gate_up_proj.shape[0]):
-            tok, slot = torch.where(ids == e)
+            tok, slot = torch.where(ids == e)                                              # (n_e,) each
             gate, up = F.linear(x.index_select(0, tok), self.gate_up_proj[e]).chunk(2, dim=-1)
             y = F.linear(F.gelu(gate, approximate="tanh") * up, self.down_proj[e])
-            out = out.index_add(0, tok, (y * weights[tok, slot, None]).to(x.dtype))
+            y = (y * weights.reshape(-1).index_select(0, tok * weights.shape[1] + slot)[:, None]).to(x.dtype)
+            out = out.scatter_add(0, tok[:, None].expand(-1, x.shape[-1]), y)           # rows distinct per expert
         return out
 
 
@@ -285,7 +289,8 @@ class Layer(nn.Module):
         self.experts = Experts(cfg)
         self.layer_scalar = nn.Parameter(torch.ones(1))      # the decoder's; the encoder's: _EncoderScalars
 
-    def forward(self, x, cos, sin, mask, past_k, past_v, scalar):
+    def forward(self, x, cos, sin, mask, past_k, past_v, scalar=None):
+        """``scalar``: the encoder's layer scalar (None: this layer's own, the decoder's)."""
         a, k, v = self.self_attn(self.input_layernorm(x), cos, sin, mask, past_k, past_v)
         x = x + self.post_attention_layernorm(a)
         dense = self.post_feedforward_layernorm_1(self.mlp(self.pre_feedforward_layernorm(x)))
@@ -293,7 +298,7 @@ class Layer(nn.Module):
         weights, ids = self.router(flat)
         routed = self.experts(self.pre_feedforward_layernorm_2(flat), weights, ids).reshape(x.shape)
         x = x + self.post_feedforward_layernorm(dense + self.post_feedforward_layernorm_2(routed))
-        return x * scalar, k, v
+        return x * (self.layer_scalar if scalar is None else scalar), k, v
 
 
 class SelfConditioning(nn.Module):
@@ -364,12 +369,13 @@ class DiffusionGemma(nn.Module):
         return {SLIDING: rope_tables(position_ids, d_s, c.rope_theta_sliding, 1.0, dtype),
                 FULL: rope_tables(position_ids, d_f, c.rope_theta_full, c.full_rotary_fraction, dtype)}
 
-    def _layers(self, x, position_ids, masks, past, scalars):
+    def _layers(self, x, position_ids, masks, past, encoder: bool):
         tables = self._rope(position_ids, x.dtype)
         present = []
         for i, layer in enumerate(self.model.decoder.layers):
             kind = self.config.layer_types[i]
-            x, k, v = layer(x, *tables[kind], masks[kind], *past[i], scalars[i])
+            scalar = self.model.encoder.language_model.layers[i].layer_scalar if encoder else None
+            x, k, v = layer(x, *tables[kind], masks[kind], *past[i], scalar)
             present.append((k, v))
         return x, present
 
@@ -378,8 +384,7 @@ class DiffusionGemma(nn.Module):
         (per layer (keys, values) (B,Hkv,P_l,D): a full layer's whole prefix, a sliding layer's
         last W - 1 keys at most); ``masks`` from ``encoder_masks``. Returns the cache after it:
         full layers P + T keys, sliding layers the last W - 1 (as transformers' DynamicCache)."""
-        scalars = [m.layer_scalar for m in self.model.encoder.language_model.layers]
-        present = self._layers(self._embed(input_ids), position_ids, masks, past, scalars)[1]
+        present = self._layers(self._embed(input_ids), position_ids, masks, past, encoder=True)[1]
         keep = self.config.sliding_window - 1
         return [(k[:, :, -keep:], v[:, :, -keep:]) if kind == SLIDING else (k, v)
                 for (k, v), kind in zip(present, self.config.layer_types)]
@@ -397,7 +402,7 @@ class DiffusionGemma(nn.Module):
         Returns the softcapped logits (B,T,V) in fp32."""
         d = self.model.decoder
         x = d.self_conditioning(self._embed(canvas_ids), soft)
-        x, _ = self._layers(x, position_ids, masks, past, [layer.layer_scalar for layer in d.layers])
+        x, _ = self._layers(x, position_ids, masks, past, encoder=False)
         logits = F.linear(d.norm(x), d.embed_tokens.weight).float()
         cap = self.config.softcap
         return torch.tanh(logits / cap) * cap
@@ -407,25 +412,13 @@ class DiffusionGemma(nn.Module):
 
 
 def encoder_masks(keep, p: int, t: int, window: int) -> dict:
-    """The encoder's masks for ``t`` new tokens after ``p`` cached ones; ``keep`` (B,P+T) bool:
-    False at padding. full (B,1,T,P+T): causal; sliding (B,1,T,Ps+T) over the Ps = min(P, W - 1)
-    cached keys a sliding layer holds and the new ones: causal within the last ``window`` keys."""
-    q = torch.arange(p, p + t)[:, None]
-    k = torch.arange(p + t)[None, :]
-    causal = (k <= q)[None, None] & keep[:, None, None, :]
-    ps = min(p, window - 1)
-    return {FULL: causal, SLIDING: (causal & (q - k < window)[None, None])[..., p - ps:]}
+    """models/masks.py's window_encoder_masks as torch tensors (``keep`` a torch bool tensor)."""
+    return {k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in window_encoder_masks(keep.numpy(), p, t, window).items()}
 
 
 def decoder_masks(keep, p: int, t: int, window: int) -> dict:
-    """The decoder's masks for a canvas of ``t`` tokens after ``p`` cached ones; ``keep`` (B,P)
-    bool: False at padding. Every canvas token sees the whole canvas and the cached keys of its
-    layer: full (B,1,T,P+T) the whole prefix, sliding (B,1,T,Ps+T) the last Ps = min(P, W - 1)."""
-    b = keep.shape[0]
-    ps = min(p, window - 1)
-    canvas = torch.ones(b, t, dtype=torch.bool)
-    full = torch.cat([keep, canvas], dim=1)[:, None, None, :].expand(b, 1, t, p + t)
-    return {FULL: full, SLIDING: full[..., p - ps:]}
+    """models/masks.py's window_decoder_masks as torch tensors (``keep`` a torch bool tensor)."""
+    return {k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in window_decoder_masks(keep.numpy(), p, t, window).items()}
 
 
 def load_diffusion_gemma(folder: str | Path, dtype=None) -> tuple[DiffusionGemma, DiffusionGemmaConfig]:

@@ -40,3 +40,27 @@ def tree_mask(p: int, branch_len: int, n_branches: int, prefix_valid: np.ndarray
 def tree_positions(p: int, branch_len: int, n_branches: int) -> np.ndarray:
     """Position ids (W*L,): every branch sits at positions P..P+L-1."""
     return np.tile(np.arange(p, p + branch_len), n_branches)
+
+
+def window_encoder_masks(keep: np.ndarray, p: int, t: int, window: int) -> dict:
+    """A sliding-window model's encoder masks (DiffusionGemma) for ``t`` new tokens after ``p``
+    cached ones; ``keep`` (B,P+T) bool, False at padding. "full" (B,1,T,P+T): causal; "sliding"
+    (B,1,T,Ps+T) over the Ps = min(P, W - 1) cached keys a sliding layer holds and the new ones:
+    causal within the last ``window`` keys (itself included)."""
+    q = np.arange(p, p + t)[:, None]
+    k = np.arange(p + t)[None, :]
+    causal = (k <= q)[None, None] & keep[:, None, None, :]
+    ps = min(p, window - 1)
+    return {"full": causal, "sliding": (causal & (q - k < window)[None, None])[..., p - ps:]}
+
+
+def window_decoder_masks(keep: np.ndarray, p: int, t: int, window: int) -> dict:
+    """A sliding-window model's denoiser masks for a canvas of ``t`` tokens after ``p`` cached
+    ones; ``keep`` (B,P) bool, False at padding. Every canvas token sees the whole canvas and its
+    layer's cached keys: "full" (B,1,T,P+T) the whole prefix, "sliding" (B,1,T,Ps+T) the last
+    Ps = min(P, W - 1)."""
+    b = keep.shape[0]
+    ps = min(p, window - 1)
+    full = np.concatenate([keep, np.ones((b, t), dtype=bool)], axis=1)[:, None, None, :]
+    full = np.broadcast_to(full, (b, 1, t, p + t))
+    return {"full": full, "sliding": full[..., p - ps:]}
