@@ -530,3 +530,4 @@ def generation_defaults(folder: str | Path, cfg: DiffusionGemmaConfig) -> dict:
     if isinstance(sampler, dict) and sampler.get("entropy_bound") is not None:
         options["entropy_bound"] = float(sampler["entropy_bound"])
     return {**out, "options": options}
+

@@ -148,3 +148,38 @@ def generate(backend, prompts: list[list[int]], opts: UniformDiffusionOptions, *
     new_tokens = np.concatenate(canvases, axis=1)
     return UniformDiffusionResult(np.concatenate([ids, new_tokens], axis=1), new_tokens, forwards, len(canvases),
                                   (new_tokens != pad_id).sum(axis=-1))
+
+
+class TransformersDraws:
+    """This rule's noise in the order transformers' DiffusionGemma generate() draws from torch's
+    stream, so that generate() with torch.randint / torch.multinomial replaced by these decodes
+    the same tokens (a test and peer-comparison aid: models/diffusion_gemma.py's inverse_cdf turns
+    ``uniforms`` into the multinomial's ids). generate() draws a canvas's first ids (randint), then
+    per step the sample (multinomial) and the renoise (randint): the call order tells them apart.
+    One instance serves one generate() call of a batch padded to ``prompt_len``; request ids are
+    the batch rows."""
+
+    def __init__(self, prompt_len: int, canvas_length: int, steps: int, seed: int = 0):
+        self.p, self.length, self.steps, self.seed = prompt_len, canvas_length, steps, seed
+        self.canvas, self.step, self.next_step = -1, None, steps
+
+    def _where(self, rows: int):
+        start = self.p + self.canvas * self.length
+        return np.tile(np.arange(start, start + self.length), (rows, 1)), np.arange(rows)[:, None]
+
+    def randint(self, high: int, rows: int) -> np.ndarray:
+        """(rows, L) ids: a new canvas's first ids, or the renoise of the step just sampled."""
+        if self.step is None:
+            self.canvas += 1
+            self.next_step = self.steps
+            pos, req = self._where(rows)
+            return noise.token_ids(self.seed, req, pos, 0, INIT, high)
+        pos, req = self._where(rows)
+        step, self.step = self.step, None
+        return noise.token_ids(self.seed, req, pos, step, RENOISE, high)
+
+    def uniforms(self, flat_rows: int) -> np.ndarray:
+        """(B * L,) uniforms of the next step's sample, row-major over (batch row, position)."""
+        self.step, self.next_step = self.next_step, self.next_step - 1
+        pos, req = self._where(flat_rows // self.length)
+        return noise.uniforms(self.seed, req, pos, self.step, SAMPLE).reshape(-1)

@@ -154,43 +154,6 @@ def test_the_config_is_read_from_the_nested_text_config_and_refusals_are_one_lin
         DiffusionGemmaConfig.from_hf({**raw, "text_config": {k: v for k, v in raw["text_config"].items() if k != "vocab_size"}})
 
 
-class _SameNoise:
-    """transformers' generate() with its draws replaced by runtime/uniform_diffusion.py's
-    counter-based noise: torch.randint (a canvas's first ids, then each step's renoise) and
-    torch.multinomial (each step's sample, by the same inverse CDF), told apart by call order."""
-
-    def __init__(self, prompt_len: int, steps: int, seed: int = 0):
-        self.p, self.steps, self.seed = prompt_len, steps, seed
-        self.canvas, self.step = -1, None
-
-    def _pos(self, b: int):
-        import numpy as np
-        start = self.p + self.canvas * CANVAS
-        return np.tile(np.arange(start, start + CANVAS), (b, 1)), np.arange(b)[:, None]
-
-    def randint(self, low, high, size, **kw):
-        from dllm_deploy.runtime import noise
-        from dllm_deploy.runtime.uniform_diffusion import INIT, RENOISE
-        if self.step is None:                       # a new canvas
-            self.canvas += 1
-            pos, req = self._pos(size[0])
-            self.next_step = self.steps
-            return torch.from_numpy(noise.token_ids(self.seed, req, pos, 0, INIT, high))
-        pos, req = self._pos(size[0])
-        step, self.step = self.step, None
-        return torch.from_numpy(noise.token_ids(self.seed, req, pos, step, RENOISE, high))
-
-    def multinomial(self, probs, num_samples=1, **kw):
-        from dllm_deploy.models.diffusion_gemma import inverse_cdf
-        from dllm_deploy.runtime import noise
-        from dllm_deploy.runtime.uniform_diffusion import SAMPLE
-        self.step, self.next_step = self.next_step, self.next_step - 1
-        b = probs.shape[0] // CANVAS
-        pos, req = self._pos(b)
-        u = torch.from_numpy(noise.uniforms(self.seed, req, pos, self.step, SAMPLE)).reshape(-1)
-        return inverse_cdf(probs, u)[:, None]
-
-
 def _transformers_generate(folder, monkeypatch, prompts, dtype, **options):
     from transformers import DiffusionGemmaForBlockDiffusion
     ref = DiffusionGemmaForBlockDiffusion.from_pretrained(folder, dtype=dtype, attn_implementation="eager",
@@ -198,16 +161,18 @@ def _transformers_generate(folder, monkeypatch, prompts, dtype, **options):
     p = max(len(x) for x in prompts)
     ids = torch.tensor([[TEXT["pad_token_id"]] * (p - len(x)) + x for x in prompts])
     keep = torch.tensor([[0] * (p - len(x)) + [1] * len(x) for x in prompts])
-    same = _SameNoise(p, options["max_denoising_steps"])
+    from dllm_deploy.models.diffusion_gemma import inverse_cdf
+    from dllm_deploy.runtime.uniform_diffusion import TransformersDraws
+    draws = TransformersDraws(p, CANVAS, options["max_denoising_steps"])
     # an upstream bug: generate() builds the decoder's masks from the canvas ids (int64), and the
     # eager masks of a padded batch then fail on torch.finfo(int64); give it a float stand-in
     decoder = type(ref.model.decoder)
     masks = decoder.create_diffusion_decoder_attention_mask
     monkeypatch.setattr(decoder, "create_diffusion_decoder_attention_mask", staticmethod(
         lambda config, inputs_embeds, **kw: masks(config=config, inputs_embeds=inputs_embeds.to(dtype), **kw)))
-    # the renoise draw follows the step's sample: the step is handed from one to the other
-    monkeypatch.setattr(torch, "randint", lambda *a, **kw: same.randint(*a, **kw))
-    monkeypatch.setattr(torch, "multinomial", lambda *a, **kw: same.multinomial(*a, **kw))
+    monkeypatch.setattr(torch, "randint", lambda low, high, size, **kw: torch.from_numpy(draws.randint(high, size[0])))
+    monkeypatch.setattr(torch, "multinomial", lambda probs, num_samples=1, **kw:
+                        inverse_cdf(probs, torch.from_numpy(draws.uniforms(probs.shape[0])))[:, None])
     if "entropy_bound" in options:
         from transformers.models.diffusion_gemma.generation_diffusion_gemma import EntropyBoundSamplerConfig
         options["sampler_config"] = EntropyBoundSamplerConfig(entropy_bound=float(options.pop("entropy_bound")))
