@@ -162,6 +162,10 @@ def cmd_export(a) -> int:
         print(f"artifact {res['artifact']}  ({res['seconds']} s)")
         for prec, size in res["sizes_bytes"].items():
             par = res["parity"][prec]
+            if "graphs" in par:                  # a family with graphs of other roles (DiffusionGemma)
+                print(f"  {prec:<5} {size / 1e6:7.2f} MB   parity vs torch: "
+                      + "  ".join(f"{g} {d:.2e}" for g, d in par["graphs"].items()))
+                continue
             diff = par.get("max_abs_diff", {})
             print(f"  {prec:<5} {size / 1e6:7.2f} MB   parity vs torch: logits {diff.get('prefill_logits', float('nan')):.2e}"
                   f"  kv {diff.get('prefill_kv', float('nan')):.2e}  verify probs {diff.get('verify_probs', float('nan')):.2e}"

@@ -106,6 +106,9 @@ def read_manifest(folder: str | Path, verify: bool = True, precision: str | None
     except OSError as e:         # a folder the user may not enter
         raise file_error(folder, e) from None
     m = _load_json(path)
+    if isinstance(m, dict) and m.get("format") == "diffusion_gemma/1":
+        raise UserError(f"{folder}: a DiffusionGemma artifact; this command does not run it yet (from Python: "
+                        "dllm_deploy.runtime.backends.diffusion_gemma_ort.OrtDenoiser, docs/diffusion_gemma.md)")
     if not isinstance(m, dict) or "schema_version" not in m:
         raise UserError(f"{path}: corrupt manifest (no schema_version)")
     version = m["schema_version"]

@@ -28,6 +28,8 @@ FORMAT = "diffusion_gemma/1"
 # the encoder's layer scalars
 RESIDENT = ("model.decoder.embed_tokens", "model.encoder")
 GRAPHS = ("encode", "denoise")
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "tokenizer.model",
+                   "chat_template.jinja", "generation_config.json")
 
 
 def io_names(num_layers: int) -> dict:
@@ -126,51 +128,66 @@ def dummy_inputs(cfg, role: str, b: int, t: int, p: int, seed: int = 0):
 
 
 def export_diffusion_gemma(model: str | Path, out: str | Path, opset: int = 17, log=print) -> dict:
-    """Export a DiffusionGemma checkpoint folder into an artifact folder ``out`` (fp32): the two
-    graphs over one ``weights.bin``, a manifest, and a parity check of each graph (ONNX Runtime
-    against the torch module, run a layer at a time) at three shapes. ``out`` must not exist."""
+    """Export a DiffusionGemma checkpoint folder into a new artifact folder ``out`` (which must not
+    exist; ``dllm-deploy export`` goes through exporter.export, which handles targets, locks and
+    replacement). Returns the manifest."""
+    out = Path(out)
+    if out.exists():
+        raise UserError(f"{out}: already exists")
+    work = out.parent / f".{out.name}.tmp"
+    shutil.rmtree(work, ignore_errors=True)
+    work.mkdir(parents=True)
+    try:
+        manifest = write_artifact(work, Path(model), opset, log)
+        work.rename(out)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    return manifest
+
+
+def write_artifact(work: Path, src: Path, opset: int = 17, log=print) -> dict:
+    """Every file of a DiffusionGemma artifact (fp32), manifest last, into the empty folder
+    ``work``: the two graphs over one ``weights.bin``, the tokenizer files the checkpoint has, and a
+    parity check of each graph (ONNX Runtime against the torch module, run a layer at a time) at
+    three shapes. Returns the manifest."""
+    import onnx
     import torch
 
+    from .. import __version__
     from ..models.diffusion_gemma import DiffusionGemmaConfig, generation_defaults
     from .exporter import _export_graph, share_weights
     from .streamed import WeightSource, param_shapes, placeholder_module
-    src, out = Path(model), Path(out)
-    if out.exists():
-        raise UserError(f"{out}: already exists")
     t0 = time.time()
     cfg = DiffusionGemmaConfig.from_file(src / "config.json")
     module = placeholder_module(_Names, cfg, torch.float32)
     source = WeightSource(src, _Names, cfg, param_shapes(module))
     names, axes = io_names(cfg.num_layers), dynamic_axes(cfg.num_layers)
-    work = out.parent / f".{out.name}.tmp"
-    shutil.rmtree(work, ignore_errors=True)
-    trace = work / "trace"
-    try:
-        graphs, bases = {}, {}
-        for role, wrap in _wrappers().items():
-            log(f"export {role} ...")
-            bases[role] = trace / role
-            bases[role].mkdir(parents=True)
-            args = tuple(dummy_inputs(cfg, role, 2, 4, 6))
-            graphs[role] = _export_graph(wrap(module), args, names[role], axes, opset, bases[role] / f"{role}.onnx",
-                                         lambda n: source.get(n).numpy())
-        share_weights(graphs, work, "weights.bin", bases=bases)
-        shutil.rmtree(trace)
-        import onnx
-        for role, g in graphs.items():
-            onnx.save(g, str(work / f"{role}.onnx"))
-        log("parity ...")
-        report = parity(work, module, source, cfg)
-        manifest = {"format": FORMAT, "family": "diffusion_gemma", "model": cfg.to_dict(), "source": str(src),
-                    "graphs": {r: {**names[r], "file": f"{r}.onnx"} for r in GRAPHS}, "weights": "weights.bin",
-                    "decoding": generation_defaults(src, cfg), "parity": report,
-                    "torch_version": torch.__version__, "onnx_opset": opset, "created_s": round(time.time() - t0, 1)}
-        (work / "manifest.json").write_text(json.dumps(manifest, indent=1) + "\n")
-        if max(report.values()) > 1e-3:
-            raise UserError(f"parity check failed: {json.dumps(report)}")
-        work.rename(out)
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
+    trace = work / ".trace"
+    graphs, bases = {}, {}
+    for role, wrap in _wrappers().items():
+        log(f"export {role} ...")
+        bases[role] = trace / role
+        bases[role].mkdir(parents=True)
+        graphs[role] = _export_graph(wrap(module), tuple(dummy_inputs(cfg, role, 2, 4, 6)), names[role], axes, opset,
+                                     bases[role] / f"{role}.onnx", lambda n: source.get(n).numpy())
+    share_weights(graphs, work, "weights.bin", bases=bases)
+    shutil.rmtree(trace)
+    for role, g in graphs.items():
+        onnx.save(g, str(work / f"{role}.onnx"))
+    tokenizer = [f for f in TOKENIZER_FILES if (src / f).is_file()]
+    for f in tokenizer:
+        shutil.copyfile(src / f, work / f)
+    log("parity ...")
+    report = parity(work, module, source, cfg)
+    manifest = {"format": FORMAT, "exporter_version": __version__, "family": "diffusion_gemma", "model": cfg.to_dict(),
+                "source": str(src), "graphs": {r: {**names[r], "file": f"{r}.onnx"} for r in GRAPHS},
+                "weights": "weights.bin", "tokenizer_files": tokenizer, "decoding": generation_defaults(src, cfg),
+                "precisions": {"fp32": {**{r: f"{r}.onnx" for r in GRAPHS}, "weights": "weights.bin"}},
+                "parity": report, "torch_version": torch.__version__, "onnx_opset": opset,
+                "created_s": round(time.time() - t0, 1)}
+    if max(report.values()) > 1e-3:
+        raise UserError(f"parity check failed: {json.dumps(report)}")
+    (work / "manifest.json").write_text(json.dumps(manifest, indent=1) + "\n")
     return manifest
 
 

@@ -256,6 +256,8 @@ def export(model: str = "tiny", out: str | Path = "artifact", precisions=("fp32"
     out = given.resolve()
     t0 = time.time()
     src = resolve_model_dir(model).resolve()
+    if _model_type(src) == "diffusion_gemma":
+        return _export_diffusion_gemma(src, given, out, precisions, opset, force, log, t0)
     check_target(out, src, force)
     chat = load_chat_template(src, chat_template)
     _make_parent(out)
@@ -269,21 +271,9 @@ def export(model: str = "tiny", out: str | Path = "artifact", precisions=("fp32"
         source = WeightSource(src, family, cfg, param_shapes(module))
         pool = _sample_pool(sample_pool, cfg.vocab_size)
         tok = load_tokenizer(src, cfg.eos_token_id)
-        try:
-            scratch = temp_dir(out)
-        except OSError as e:
-            raise UserError(f"{out}: cannot write in {out.parent} ({e.strerror})") from None
-        try:
-            work = scratch / "artifact"
-            work.mkdir()
-            files, parity_report = _write_artifact(work, source, cfg, tok, src, block_length or cfg.block_size,
-                                                   precisions, max_beam_width, opset, log, quant, pool,
-                                                   calibration[0] if calibration else None, chat, moe_form)
-            replace_dir(work, out, scratch)
-        except OSError as e:
-            raise UserError(f"{out}: cannot write the artifact: {e.filename or out}: {e.strerror}") from None
-        finally:
-            remove_temp_dir(scratch)
+        files, parity_report = _swap_in(out, lambda work: _write_artifact(
+            work, source, cfg, tok, src, block_length or cfg.block_size, precisions, max_beam_width, opset, log,
+            quant, pool, calibration[0] if calibration else None, chat, moe_form))
     sizes = {p: sum((out / f).stat().st_size for f in fs.values()) for p, fs in files.items()}
     return {"artifact": str(given), "files": sorted(str(p.relative_to(out)) for p in out.rglob("*") if p.is_file()),
             "sizes_bytes": sizes, "parity": parity_report, "seconds": round(time.time() - t0, 1)}
@@ -419,6 +409,53 @@ def _trace_graphs(module, cfg, L: int, dtype, opset: int, trace: Path, pool: int
     return graphs, bases
 
 
+def _swap_in(out: Path, write):
+    """``write(folder)`` into a scratch folder beside ``out``, then swapped in by renames (under the
+    caller's lock); the scratch folder is removed whatever happens. Returns what ``write`` returns."""
+    try:
+        scratch = temp_dir(out)
+    except OSError as e:
+        raise UserError(f"{out}: cannot write in {out.parent} ({e.strerror})") from None
+    try:
+        work = scratch / "artifact"
+        work.mkdir()
+        result = write(work)
+        replace_dir(work, out, scratch)
+    except OSError as e:
+        raise UserError(f"{out}: cannot write the artifact: {e.filename or out}: {e.strerror}") from None
+    finally:
+        remove_temp_dir(scratch)
+    return result
+
+
+def _model_type(src: Path) -> str:
+    """config.json's model_type, lower case ("" when unreadable: the loader reports it)."""
+    try:
+        raw = json.loads((src / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return ""
+    return str(raw.get("model_type", "")).lower() if isinstance(raw, dict) else ""
+
+
+def _export_diffusion_gemma(src: Path, given: Path, out: Path, precisions: list, opset: int, force: bool, log,
+                            t0: float) -> dict:
+    """A DiffusionGemma artifact (export/diffusion_gemma.py) at ``out``, with the target handling of
+    every export (checked, locked, written aside and swapped in)."""
+    from .diffusion_gemma import write_artifact
+    if precisions != ["fp32"]:
+        raise UserError(f"DiffusionGemma exports fp32 only so far (asked for {', '.join(precisions)})")
+    check_target(out, src, force)
+    _make_parent(out)
+    with lock_target(out):
+        check_target(out, src, force)
+        clean_stale(out)
+        manifest = _swap_in(out, lambda work: write_artifact(work, src, opset, log))
+    files = manifest["precisions"]["fp32"]
+    return {"artifact": str(given), "files": sorted(str(p.relative_to(out)) for p in out.rglob("*") if p.is_file()),
+            "sizes_bytes": {"fp32": sum((out / f).stat().st_size for f in files.values())},
+            "parity": {"fp32": {"graphs": manifest["parity"]}}, "seconds": round(time.time() - t0, 1)}
+
+
 def _sample_pool(pool: int | None, vocab_size: int) -> int:
     """The sampling pool P: the given one (TOPK <= P <= the vocabulary), else min(vocabulary, 64)."""
     if pool is None:
@@ -429,12 +466,13 @@ def _sample_pool(pool: int | None, vocab_size: int) -> int:
 
 
 def _is_artifact(folder: Path) -> bool:
-    """Whether ``folder`` holds a manifest this tool wrote (schema_version and exporter_version)."""
+    """Whether ``folder`` holds a manifest this tool wrote (schema_version, or a family's format
+    such as DiffusionGemma's, and exporter_version)."""
     try:
         m = json.loads((folder / MANIFEST).read_text())
     except (OSError, ValueError):
         return False
-    return isinstance(m, dict) and "schema_version" in m and "exporter_version" in m
+    return isinstance(m, dict) and ("schema_version" in m or "format" in m) and "exporter_version" in m
 
 
 def check_target(out: Path, src: Path, force: bool) -> None:

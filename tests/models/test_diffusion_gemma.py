@@ -251,19 +251,27 @@ def test_decoding_defaults_come_from_generation_config(checkpoint, tmp_path):
                                                 "options": {"max_denoising_steps": 32, "t_min": 0.3, "entropy_bound": 0.2}}
 
 
-def test_export_refuses_diffusion_gemma_in_one_line_naming_what_runs(checkpoint, tmp_path):
+def test_commands_that_do_not_take_diffusion_gemma_yet_say_so_in_one_line(checkpoint, artifact, tmp_path):
+    from dllm_deploy.artifact import read_manifest
     from dllm_deploy.errors import UserError
     from dllm_deploy.export.exporter import export
-    with pytest.raises(UserError, match="model_type 'diffusion_gemma' is recognised but not supported .not by the CLI yet; its torch reference"):
-        export(checkpoint, tmp_path / "out", log=lambda m: None)
+    from dllm_deploy.models.config import DLLMConfig
+    with pytest.raises(UserError, match="DiffusionGemma exports fp32 only so far"):
+        export(checkpoint, tmp_path / "out", precisions=["fp32", "int4"], log=lambda m: None)
     assert not (tmp_path / "out").exists()
+    with pytest.raises(UserError, match="a DiffusionGemma artifact; this command does not run it yet"):
+        read_manifest(artifact)
+    with pytest.raises(UserError, match="model_type 'diffusion_gemma' is recognised but not supported .only `dllm-deploy export`"):
+        DLLMConfig.from_file(checkpoint / "config.json")
 
 
 @pytest.fixture(scope="module")
 def artifact(tame_checkpoint, tmp_path_factory):
-    from dllm_deploy.export.diffusion_gemma import export_diffusion_gemma
+    """``dllm-deploy export``'s path (exporter.export: target checks, lock, swap-in)."""
+    from dllm_deploy.export.exporter import export
     out = tmp_path_factory.mktemp("dg-art") / "art"
-    export_diffusion_gemma(tame_checkpoint, out, log=lambda m: None)
+    res = export(tame_checkpoint, out, log=lambda m: None)
+    assert set(res["parity"]["fp32"]["graphs"]) == {"encode", "denoise"}
     return out
 
 
@@ -274,7 +282,8 @@ def test_the_exported_graphs_match_the_torch_module(artifact):
     import json
     manifest = json.loads((artifact / "manifest.json").read_text())
     assert set(manifest["parity"]) == {"encode", "denoise"} and max(manifest["parity"].values()) <= 1e-4
-    assert sorted(p.name for p in artifact.iterdir()) == ["denoise.onnx", "encode.onnx", "manifest.json", "weights.bin"]
+    assert sorted(p.name for p in artifact.iterdir()) == ["denoise.onnx", "encode.onnx", "generation_config.json",
+                                                          "manifest.json", "weights.bin"]
 
 
 @pytest.mark.parametrize("case", ["defaults", "early-stop-eos"])
@@ -298,3 +307,10 @@ def test_onnx_runtime_generate_is_token_identical_to_transformers(tame_checkpoin
     assert ours.tokens_per_forward.tolist() == pytest.approx(ref.tokens_per_forward.tolist())
     assert backend.calls["encode"] == ours.encoder_forwards
     _check_case(case, ours, options, PROMPTS)
+
+
+def test_the_export_command_prints_each_graphs_parity(tame_checkpoint, tmp_path, capsys):
+    from dllm_deploy import cli
+    assert cli.main(["export", "--model", str(tame_checkpoint), "--out", str(tmp_path / "art")]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].startswith(f"artifact {tmp_path / 'art'}") and "parity vs torch: encode " in out[1] and "denoise " in out[1]

@@ -7,6 +7,6 @@ and its tests: docs/families.md.
 
 # model_types recognised but not supported yet: model_type -> why (the loader's one-line refusal)
 UNSUPPORTED: dict[str, str] = {
-    "diffusion_gemma": "not by the CLI yet; its torch reference, ONNX graphs and ONNX Runtime decode run "
-                       "from Python: docs/diffusion_gemma.md",
+    "diffusion_gemma": "only `dllm-deploy export` takes it so far; its artifact decodes from Python: "
+                       "docs/diffusion_gemma.md",
 }
