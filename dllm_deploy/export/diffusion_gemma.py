@@ -153,7 +153,7 @@ def write_artifact(work: Path, src: Path, opset: int = 17, log=print) -> dict:
     import onnx
     import torch
 
-    from .. import __version__
+    from .exporter import __version__      # (the package version, as exporter imports it)
     from ..models.diffusion_gemma import DiffusionGemmaConfig, generation_defaults
     from .exporter import _export_graph, share_weights
     from .streamed import WeightSource, param_shapes, placeholder_module
