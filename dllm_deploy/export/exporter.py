@@ -256,8 +256,9 @@ def export(model: str = "tiny", out: str | Path = "artifact", precisions=("fp32"
     out = given.resolve()
     t0 = time.time()
     src = resolve_model_dir(model).resolve()
-    if _model_type(src) == "diffusion_gemma":
-        return _export_diffusion_gemma(src, given, out, precisions, opset, force, log, t0)
+    from ..models.families import OWN_EXPORT
+    if _model_type(src) in OWN_EXPORT:
+        return _export_own(OWN_EXPORT[_model_type(src)], src, given, out, precisions, opset, force, log, t0)
     check_target(out, src, force)
     chat = load_chat_template(src, chat_template)
     _make_parent(out)
@@ -437,11 +438,14 @@ def _model_type(src: Path) -> str:
     return str(raw.get("model_type", "")).lower() if isinstance(raw, dict) else ""
 
 
-def _export_diffusion_gemma(src: Path, given: Path, out: Path, precisions: list, opset: int, force: bool, log,
-                            t0: float) -> dict:
-    """A DiffusionGemma artifact (export/diffusion_gemma.py) at ``out``, with the target handling of
+def _export_own(writer: str, src: Path, given: Path, out: Path, precisions: list, opset: int, force: bool, log,
+                t0: float) -> dict:
+    """An artifact written by a family's own ``writer`` ("module:function", models/families
+    OWN_EXPORT; DiffusionGemma's export/diffusion_gemma.py) at ``out``, with the target handling of
     every export (checked, locked, written aside and swapped in)."""
-    from .diffusion_gemma import write_artifact
+    import importlib
+    mod, _, fn = writer.partition(":")
+    write_artifact = getattr(importlib.import_module(mod), fn)
     if precisions != ["fp32"]:
         raise UserError(f"DiffusionGemma exports fp32 only so far (asked for {', '.join(precisions)})")
     check_target(out, src, force)

@@ -10,3 +10,7 @@ UNSUPPORTED: dict[str, str] = {
     "diffusion_gemma": "only `dllm-deploy export` takes it so far; its artifact decodes from Python: "
                        "docs/diffusion_gemma.md",
 }
+
+# model_types whose artifact another writer builds (graphs of other roles): model_type -> "module:function"
+# (function(work_folder, checkpoint_folder, opset, log) -> manifest), used by export/exporter.py
+OWN_EXPORT: dict[str, str] = {"diffusion_gemma": "dllm_deploy.export.diffusion_gemma:write_artifact"}
