@@ -23,6 +23,7 @@ EXACT_AT_BOUNDARY = ("exact", "delayed")
 @dataclass(frozen=True)
 class Capabilities:
     attention: str                   # "bidirectional" (LLaDA, Dream) | "block_causal" (SDAR: exact KV per block)
+                                     # | "causal" (self-speculative: causal verify, bidirectional draft)
     cache: dict                      # requested cache mode -> the mode that runs; a mode absent is refused
     one_branch: tuple = ()           # cache modes that verify one branch per forward (beam width 1 only)
     shift_logits: bool = False       # logits at i-1 predict token i (Dream): the canvas keeps an anchor row
@@ -78,6 +79,15 @@ def block_causal() -> Capabilities:
                         cache={"auto": "exact", "exact": "exact", "prefix": "exact", "dual": "exact",
                                "delayed": "delayed", "none": "none"},
                         one_branch=("delayed",))
+
+
+def self_speculative() -> Capabilities:
+    """Nemotron-Labs-Diffusion: one model, causal (autoregressive) and block-bidirectional (draft)
+    attention chosen by the mask. The causal KV is exact; the self-speculative strategies decode it
+    (runtime/self_spec.py): ``prefill`` runs the causal forwards (prompt, verify; writes KV) and
+    ``verify`` the draft (bidirectional block over the prefix; writes none)."""
+    return Capabilities(attention="causal", cache={"auto": "exact", "exact": "exact"},
+                        strategies=("ar", "linear-spec", "tree-spec"))
 
 
 def resolve_cache(mode: str, caps: Capabilities, width: int) -> str:

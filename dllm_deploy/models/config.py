@@ -20,7 +20,7 @@ _SIZES = ("vocab_size", "hidden_size", "num_layers", "num_heads", "num_kv_heads"
           "mask_token_id", "eos_token_id", "pad_token_id", "head_dim", "max_seq", "block_size")
 # how a mixture-of-experts model's routed experts run in a graph (models/moe.py)
 MOE_FORMS = ("gather", "contrib")
-_COUNTS = ("rotary_dim", "num_experts", "experts_per_token", "expert_size", "shared_expert_size", "dense_layers")
+_COUNTS = ("rotary_dim", "rope_original_max", "num_experts", "experts_per_token", "expert_size", "shared_expert_size", "dense_layers")
 
 
 @dataclass
@@ -40,7 +40,7 @@ class DLLMConfig:
     rms_norm_eps: float = 1e-6       # RMSNorm epsilon
     max_seq: int = 4096              # longest prompt + generation the model supports (tokens)
     block_size: int = 32             # diffusion block length (L) the model was trained with
-    attention: str = "bidirectional"  # "bidirectional" (LLaDA, Dream) or "block_causal" (exact KV)
+    attention: str = "bidirectional"  # "bidirectional" (LLaDA, Dream), "block_causal" (exact KV) or "causal" (self-speculative)
     qkv_bias: bool = False           # q/k/v projections carry a bias (Qwen2 / Dream)
     qk_norm: bool = False            # per-head RMSNorm on q and k (Qwen3 / SDAR)
     tie_word_embeddings: bool = False  # LM head shares the embedding matrix
@@ -59,6 +59,15 @@ class DLLMConfig:
     router_topk_groups: int = 1      # ... and a token's experts come from its best this many groups
     normalize_routing: bool = True   # the k routing weights rescaled to sum to 1
     routing_scale: float = 1.0       # the routed experts' sum multiplied by this (routed_scaling_factor)
+    # position encoding beyond plain RoPE (models/rope.py); the defaults are plain RoPE
+    rope_type: str = "default"       # "default" | "yarn" (YaRN context extension)
+    rope_factor: float = 1.0         # YaRN: the context extension factor
+    rope_original_max: int = 0       # YaRN and query scaling: the pretraining context (original_max_position_embeddings)
+    rope_beta_fast: float = 32.0     # YaRN: the ramp's extrapolation bound (rotations)
+    rope_beta_slow: float = 1.0      # YaRN: the ramp's interpolation bound (rotations)
+    rope_attention_factor: float = 1.0  # YaRN: cos and sin multiplied by this (from mscale / mscale_all_dim)
+    rope_truncate: bool = True       # YaRN: the ramp's bounds rounded outwards to whole dims
+    q_scale_beta: float = 0.0        # Llama-4 query scaling: q *= 1 + beta*log(1 + floor(pos / rope_original_max)); 0: off
 
     def __post_init__(self) -> None:
         if self.head_dim == 0:
@@ -71,6 +80,10 @@ class DLLMConfig:
             raise UserError("a model config needs its family ('layout')")
         if self.num_experts:
             self._check_moe()
+        if self.rope_type not in ("default", "yarn"):
+            raise UserError(f"unknown rope_type {self.rope_type!r} (default or yarn)")
+        if (self.rope_type == "yarn" or self.q_scale_beta) and self.rope_original_max < 1:
+            raise UserError("YaRN and query scaling need rope_original_max (original_max_position_embeddings) >= 1")
         if self.num_heads % self.num_kv_heads:
             raise UserError(f"num_heads {self.num_heads} is not a multiple of num_kv_heads {self.num_kv_heads}")
 

@@ -23,7 +23,7 @@ from ..errors import UserError
 from .capabilities import Capabilities
 
 # the modules under models/families/ that hold the built-in families, one family each
-BUILTIN = ("llada", "dream", "block_causal", "sdar_moe", "llada2", "llada_moe")
+BUILTIN = ("llada", "dream", "block_causal", "sdar_moe", "llada2", "llada_moe", "nemotron_diffusion")
 
 _FIELD = re.compile(r"\{(\w+)(?::([\w|]+))?\}")
 

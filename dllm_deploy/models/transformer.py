@@ -20,6 +20,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .config import DLLMConfig
+from . import rope
 from .moe import MOE_FORMS, MoE, SwiGLU
 
 
@@ -32,14 +33,6 @@ class RMSNorm(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         var = x.pow(2).mean(-1, keepdim=True)
         return x * torch.rsqrt(var + self.eps) * self.weight
-
-
-def rope_tables(position_ids: torch.Tensor, head_dim: int, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos, sin tables (B,1,T,D) for rotate-half RoPE at the given positions."""
-    inv = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32, device=position_ids.device) / head_dim))
-    ang = position_ids.to(torch.float32)[..., None] * inv            # (B,T,D/2)
-    emb = torch.cat([ang, ang], dim=-1)[:, None]                      # (B,1,T,D)
-    return emb.cos(), emb.sin()
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, half: int | None = None,
@@ -94,9 +87,10 @@ class Attention(nn.Module):
         else:
             self.q_norm = self.k_norm = None
 
-    def forward(self, x, cos, sin, mask, past_k, past_v):
+    def forward(self, x, cos, sin, mask, past_k, past_v, qs=None):
+        """``qs``: None, or (B,T) factors q is multiplied by after RoPE (models/rope.py query_scale)."""
         if self.impl == "eager":
-            return self._graph(x, cos, sin, mask, past_k, past_v)
+            return self._graph(x, cos, sin, mask, past_k, past_v, qs)
         b, t, _ = x.shape                                                   # training / torch runtime
         if hasattr(self, "qkv_proj"):     # each projection a module call (the int8 calibration hooks them)
             q, k, v = self.qkv_proj(x).split([self.h * self.d, self.hkv * self.d, self.hkv * self.d], dim=-1)
@@ -108,6 +102,8 @@ class Attention(nn.Module):
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = apply_rope(q, cos, sin, rot=self.rot), apply_rope(k, cos, sin, rot=self.rot)
+        if qs is not None:
+            q = q * qs[:, None, :, None].to(q.dtype)
         k = torch.cat([past_k, k], dim=2)                                   # (B,Hkv,S,D)
         v = torch.cat([past_v, v], dim=2)                                   # (B,Hkv,S,D)
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
@@ -137,7 +133,7 @@ class Attention(nn.Module):
         initializer."""
         return self.qkv(1.0 if self.q_norm is not None else self.d ** -0.5)
 
-    def _graph(self, x, cos, sin, mask, past_k, past_v):
+    def _graph(self, x, cos, sin, mask, past_k, past_v, qs=None):
         """The ONNX graph's attention: the same function as the sdpa path in plain operators.
         x (B,T,C); cos, sin (B,T,1,1,D); mask (B,1,R*T,S) bool, the (B,1,T,S) mask repeated R =
         H/Hkv times. The R query heads that share a key / value head are stacked along the tokens
@@ -152,6 +148,8 @@ class Attention(nn.Module):
             q, k = self.q_norm(q) * (d ** -0.5), self.k_norm(k)
         half = (self.rot or d) // 2
         q, k = apply_rope(q, cos, sin, half, self.rot), apply_rope(k, cos, sin, half, self.rot)
+        if qs is not None:                                                   # q (B,T,Hkv,R,D)
+            q = q * qs[:, :, None, None, None].to(q.dtype)
         q = reshape(q.permute(0, 2, 3, 1, 4), 0, 0, -1, d)                  # (B,Hkv,R*T,D)
         k = torch.cat([past_k, reshape(k, 0, -1, hkv, d).transpose(1, 2)], dim=2)   # (B,Hkv,S,D)
         v = torch.cat([past_v, reshape(v, 0, -1, hkv, d).transpose(1, 2)], dim=2)
@@ -177,8 +175,8 @@ class Layer(nn.Module):
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.mlp = MoE(cfg) if cfg.moe_layer(index) else MLP(cfg)
 
-    def forward(self, x, cos, sin, mask, past_k, past_v):
-        a, k, v = self.self_attn(self.input_layernorm(x), cos, sin, mask, past_k, past_v)
+    def forward(self, x, cos, sin, mask, past_k, past_v, qs=None):
+        a, k, v = self.self_attn(self.input_layernorm(x), cos, sin, mask, past_k, past_v, qs)
         x = x + a
         x = x + self.mlp(self.post_attention_layernorm(x))
         return x, k, v
@@ -244,7 +242,8 @@ class DLLM(nn.Module):
         if past is None:
             past = self.empty_past(input_ids.shape[0], input_ids.device, self.lm_head.weight.dtype)
         x = self.model.embed_tokens(input_ids)                               # (B,T,C)
-        cos, sin = rope_tables(position_ids, c.rotary_dim, c.rope_theta)     # (B,1,T,rotary_dim)
+        cos, sin = rope.tables(position_ids, c)                              # (B,1,T,rotary_dim)
+        qs = rope.query_scale(position_ids, c)                               # (B,T) or None
         eager = self.model.layers[0].self_attn.impl == "eager"
         if eager:                                                            # Attention._graph's layouts
             cos, sin = cos.transpose(1, 2)[:, :, None], sin.transpose(1, 2)[:, :, None]     # (B,T,1,1,D)
@@ -257,7 +256,7 @@ class DLLM(nn.Module):
                 if rep not in masks:
                     masks[rep] = attention_mask.repeat(1, 1, rep, 1) if rep > 1 else attention_mask
                 mask = masks[rep]
-            x, k, v = layer(x, cos, sin, mask, pk, pv)
+            x, k, v = layer(x, cos, sin, mask, pk, pv, qs)
             present.append((k, v))
         logits = self.lm_head(self.model.norm(x))                            # (B,T,V)
         if c.shift_logits:   # Dream: row i-1 predicts row i, so a caller keeps each block's left

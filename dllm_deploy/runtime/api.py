@@ -143,6 +143,9 @@ class Runtime:
         (``decode_config``), instead of decode keywords."""
         if isinstance(prompts, str):
             prompts = [prompts]
+        if self.backend.capabilities.attention == "causal":
+            raise UserError(f"a {self.config.layout} model decodes self-speculatively (ar, linear-spec, tree-spec: "
+                            "dllm_deploy.runtime.self_spec, docs/self_speculation.md); the masked strategies do not apply")
         if config is not None:
             if decode:
                 raise UserError(f"give decode options as keywords or as config=, not both ({', '.join(sorted(decode))})")

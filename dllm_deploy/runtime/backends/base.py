@@ -6,6 +6,8 @@ capabilities list (the dense families: ``prefill`` and ``verify``, DESIGN §3 an
 
     prefill(cache, ids, pos, mask, keep, sampling) -> (top_ids, top_probs)   # and appends KV of the
                                                                     # first `keep` new tokens to cache
+      (``keep`` may instead be a function of (top_ids, top_probs) giving (B, n) indices of the new
+      tokens whose KV is appended, row by row: a tree verification keeps its accepted path)
     verify(cache, ids, pos, mask, sampling)        -> (top_ids, top_probs)   # cache unchanged
 
 ids, pos (B,T) int64; mask (B,1,T,P+T) bool with P = cache.length; top_ids (B,T,K) int64,
@@ -65,6 +67,16 @@ class Backend(Protocol):
     def logits(self, cache: Cache, ids: np.ndarray, pos: np.ndarray, mask: np.ndarray) -> np.ndarray:
         """Full logits (B,T,V): for likelihood scoring only, never in the decode loop."""
         ...
+
+
+def kept_tokens(keep, top_ids: np.ndarray, top_probs: np.ndarray) -> np.ndarray | None:
+    """A prefill's ``keep`` as (B, n) int64 indices of new tokens, or None when it is a count."""
+    if not callable(keep):
+        return None
+    idx = np.asarray(keep(top_ids, top_probs), dtype=np.int64)
+    if idx.ndim != 2 or idx.shape[0] != top_ids.shape[0] or (idx.size and not 0 <= idx.min() <= idx.max() < top_ids.shape[1]):
+        raise ValueError(f"keep gave indices of shape {idx.shape} for {top_ids.shape[:2]} new tokens")
+    return idx
 
 
 def sampling_feeds(sampling: dict | None, batch: int, tokens: int) -> dict:

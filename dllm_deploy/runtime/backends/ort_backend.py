@@ -16,7 +16,7 @@ import numpy as np
 
 from ...artifact import MANIFEST, read_manifest, sample_pool
 from ...errors import UserError, file_error
-from .base import Loaded, artifact_capabilities, artifact_tokenizer, sampling_feeds
+from .base import Loaded, artifact_capabilities, artifact_tokenizer, kept_tokens, sampling_feeds
 
 
 def provider_list(providers: list[str], options: dict | None = None) -> list:
@@ -146,6 +146,15 @@ class OrtBackend:
     def prefill(self, cache, ids, pos, mask, keep: int, sampling=None):
         outs = self.run("prefill", self._feeds(cache, ids, pos, mask, sampling), self.prefill_fetch)
         top_i, top_p = outs[0], outs[1]
+        idx = kept_tokens(keep, top_i, top_p)
+        if idx is not None:                      # rows keep the KV of chosen new tokens
+            at = idx[:, None, :, None] + cache.length
+            for i in range(len(self.kv_shapes)):
+                k, v = outs[2 + 2 * i], outs[3 + 2 * i]
+                cache.k[i] = np.concatenate([cache.k[i], np.take_along_axis(k, at, axis=2)], axis=2)
+                cache.v[i] = np.concatenate([cache.v[i], np.take_along_axis(v, at, axis=2)], axis=2)
+            cache.length += idx.shape[1]
+            return top_i, top_p.astype(np.float32, copy=False)
         end = cache.length + keep
         full = outs[2].shape[2] == end
         for i in range(len(self.kv_shapes)):

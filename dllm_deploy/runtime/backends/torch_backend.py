@@ -92,7 +92,16 @@ class TorchBackend:
         return top_i.cpu().numpy(), top_p.cpu().numpy(), present
 
     def prefill(self, cache, ids, pos, mask, keep: int, sampling=None):
+        from .base import kept_tokens
         top_i, top_p, present = self._run(cache, ids, pos, mask, sampling)
+        idx = kept_tokens(keep, top_i, top_p)
+        if idx is not None:                      # rows keep the KV of chosen new tokens
+            p = cache.length
+            at = self.torch.as_tensor(idx + p, device=self.device)[:, None, :, None]
+            pick = lambda x: x.gather(2, at.expand(x.shape[0], x.shape[1], -1, x.shape[3]))  # noqa: E731
+            cache.past = [(self.torch.cat([k[:, :, :p], pick(k)], 2), self.torch.cat([v[:, :, :p], pick(v)], 2))
+                          for k, v in present]
+            return top_i, top_p
         end = cache.length + keep
         cache.past = [(k[:, :, :end], v[:, :, :end]) for k, v in present]
         return top_i, top_p

@@ -291,6 +291,9 @@ class TrtBackend:  # pragma: no cover - needs a GPU with TensorRT
         return top_i, top_p
 
     def prefill(self, cache: TrtCache, ids, pos, mask, keep: int, sampling=None):
+        if callable(keep):
+            from ...errors import UserError
+            raise UserError("the TensorRT backend keeps a prefix of the new tokens' KV only (no tree verification yet)")
         outs = self._run("prefill", cache, ids, pos, mask, sampling)
         end = cache.length + keep
         cache.store([(outs[self.present_names[2 * i]], outs[self.present_names[2 * i + 1]])

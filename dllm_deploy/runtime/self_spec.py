@@ -1,0 +1,273 @@
+"""Self-speculative decoding of a model that drafts by diffusion and verifies causally
+(Nemotron-Labs-Diffusion; docs/self_speculation.md). Pure numpy over a backend's two graphs:
+``prefill`` runs the causal forwards (the prompt, each verification; it writes KV) and
+``verify`` the draft (bidirectional over a block of masks after the prefix; it writes none).
+
+    ar           one token per causal forward: the reference output and the baseline
+    linear-spec  NVIDIA's LinearSpec: draft the block [seed, MASK x (L-1)] in one forward, verify
+                 it in one causal forward, accept the longest prefix on which the draft equals the
+                 causal prediction, plus the causal prediction after it (the bonus, next seed)
+    tree-spec    as linear-spec, but the verification checks a tree: the W most probable
+                 sequences under the draft's top-K per position, merged into a trie, in the same
+                 single causal forward (each node attends the prefix and its ancestors); the
+                 longest root path whose every token equals its parent's causal prediction is
+                 accepted. W 1 is linear-spec.
+
+Every emitted token is a causal prediction whose whole context is prefix + accepted tokens, so
+the output is the model's own autoregressive output (greedy, or sampled with the counter-based
+noise of the predicted position: runtime/noise.py, counter (position, 0, request, 0)). Rows of a
+batch run in lock step; each keeps the KV of its accepted path only (the cache columns another
+row accepted are masked out for it).
+"""
+from __future__ import annotations
+
+import heapq
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ..errors import UserError
+from . import noise
+
+STRATEGIES = ("ar", "linear-spec", "tree-spec")
+
+
+@dataclass
+class SelfSpecOptions:
+    strategy: str = "linear-spec"    # ar | linear-spec | tree-spec
+    block_size: int = 0              # L: the draft block (the seed and L-1 masks); 0: the model's
+    beam_width: int = 4              # tree-spec: W draft sequences verified together (1: linear-spec)
+    max_new_tokens: int = 64         # tokens per row (the first comes from the prompt's forward)
+    temperature: float = 0.0         # 0: greedy; else sampled with counter-based noise (seed, request, position)
+    seed: int = 0
+
+    def check(self) -> None:
+        if self.strategy not in STRATEGIES:
+            raise UserError(f"unknown strategy {self.strategy!r} for a self-speculative model "
+                            f"(one of {', '.join(STRATEGIES)})")
+        if self.block_size < 0 or self.block_size == 1:
+            raise UserError(f"block_size must be >= 2 (or 0: the model's), got {self.block_size}")
+        if self.beam_width < 1:
+            raise UserError(f"beam_width must be >= 1, got {self.beam_width}")
+        if self.max_new_tokens < 1:
+            raise UserError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
+        if self.temperature < 0:
+            raise UserError(f"temperature must be >= 0, got {self.temperature}")
+
+    def width(self) -> int:
+        """W: the draft sequences a round verifies (0 for ar, which drafts nothing)."""
+        return {"ar": 0, "linear-spec": 1}.get(self.strategy, self.beam_width)
+
+
+@dataclass
+class SelfSpecResult:
+    tokens: list = field(default_factory=list)      # per row: generated ids (EOS and after it dropped)
+    stop: list = field(default_factory=list)        # per row: "eos" | "length"
+    accepted: list = field(default_factory=list)    # per row: tokens emitted per round (after the first token)
+    forwards: int = 0                               # model calls for the whole batch (prefill, drafts, verifies)
+    verify_tokens: int = 0                          # query tokens the causal verifications ran (the tree cost)
+    seconds: float = 0.0
+
+    def tokens_per_round(self) -> float:
+        rounds = [a for row in self.accepted for a in row]
+        return float(np.mean(rounds)) if rounds else 0.0
+
+
+@dataclass
+class Trie:
+    """A verification tree: node 0 is the seed; ``parent[i]`` < i; ``depth[i]`` its offset after the seed."""
+    tokens: np.ndarray
+    parent: np.ndarray
+    depth: np.ndarray
+
+    def ancestors(self) -> np.ndarray:
+        """(N,N) bool: [i, j] when j is i or an ancestor of i."""
+        n = len(self.tokens)
+        anc = np.eye(n, dtype=bool)
+        for i in range(1, n):
+            anc[i] |= anc[self.parent[i]]
+        return anc
+
+
+def best_sequences(ids: np.ndarray, probs: np.ndarray, width: int) -> list[tuple[int, ...]]:
+    """The ``width`` most probable sequences under independent per-position choices among the
+    (n,K) candidates ``ids`` with probabilities ``probs``, best first (beam search keeps the exact
+    W best of a product distribution: a prefix of one of them is among the W best prefixes)."""
+    beam = [(0.0, ())]
+    logp = np.log(np.maximum(probs.astype(np.float64), 1e-30))
+    for d in range(ids.shape[0]):
+        cand = [(s - logp[d, j], seq + (int(ids[d, j]),)) for s, seq in beam for j in range(ids.shape[1])]
+        beam = heapq.nsmallest(width, cand)
+    return [seq for _, seq in beam]
+
+
+def build_trie(seed: int, ids: np.ndarray, probs: np.ndarray, width: int) -> Trie:
+    """The trie of the ``width`` best draft sequences after ``seed`` (``ids``/``probs`` (L-1,K): the
+    draft's candidates at the block's positions after the seed)."""
+    tokens, parent, depth = [seed], [-1], [0]
+    child: dict[tuple[int, int], int] = {}
+    for seq in best_sequences(ids, probs, width):
+        at = 0
+        for d, tok in enumerate(seq):
+            nxt = child.get((at, tok))
+            if nxt is None:
+                nxt = len(tokens)
+                child[(at, tok)] = nxt
+                tokens.append(tok)
+                parent.append(at)
+                depth.append(d + 1)
+            at = nxt
+    return Trie(np.array(tokens, np.int64), np.array(parent, np.int64), np.array(depth, np.int64))
+
+
+def accepted_path(trie: Trie, predicted: np.ndarray) -> list[int]:
+    """Node ids of the longest root path whose every node's token equals its parent's causal
+    prediction (``predicted[i]``: the token the model predicts after node i)."""
+    path = [0]
+    while True:
+        at = path[-1]
+        nxt = [i for i in range(at + 1, len(trie.tokens))
+               if trie.parent[i] == at and trie.tokens[i] == predicted[at]]
+        if not nxt:
+            return path
+        path.append(nxt[0])
+
+
+class _Batch:
+    """The rows being decoded and their cache bookkeeping: ``valid`` (B,P) marks the cache
+    columns each row attends (its prompt and its accepted tokens)."""
+
+    def __init__(self, backend, prompts, opts, requests, mask_id):
+        self.backend, self.opts, self.mask_id = backend, opts, mask_id
+        self.rows = list(range(len(prompts)))             # result row of each batch row
+        self.requests = np.asarray(requests, dtype=np.int64)
+        self.cache = backend.new_cache(len(prompts), 0)
+        self.valid = np.zeros((len(prompts), 0), dtype=bool)
+        self.next_pos = np.array([len(p) for p in prompts], dtype=np.int64)
+
+    def sampling(self, pos: np.ndarray) -> dict | None:
+        """The graphs' sampling inputs for queries at ``pos`` (B,T): each predicts position pos+1."""
+        if self.opts.temperature == 0:
+            return None
+        b, t = pos.shape
+        u = noise.uniforms(self.opts.seed, self.requests[:, None], pos + 1, 0)
+        return {"sample_u": np.ascontiguousarray(u, dtype=np.float32),
+                "temperature": np.full(b, self.opts.temperature, np.float32),
+                "top_k": np.zeros(b, np.int64), "top_p": np.ones(b, np.float32)}
+
+    def mask(self, new: np.ndarray) -> np.ndarray:
+        """(B,1,T,P+T): the valid cache columns, then ``new`` (B,T,T) among the new tokens."""
+        b, t, _ = new.shape
+        old = np.broadcast_to(self.valid[:, None, None, :], (b, 1, t, self.valid.shape[1]))
+        return np.ascontiguousarray(np.concatenate([old, new[:, None]], axis=3))
+
+    def keep(self, rows: np.ndarray) -> None:
+        self.cache.keep_rows(rows)
+        self.valid, self.next_pos = self.valid[rows], self.next_pos[rows]
+        self.requests = self.requests[rows]
+        self.rows = [self.rows[r] for r in rows]
+
+
+def generate(backend, prompts: list[list[int]], opts: SelfSpecOptions, mask_id: int, eos_id: int,
+             block_size: int, requests=None, pad_id: int | None = None) -> SelfSpecResult:
+    """Decode ``prompts`` (token ids, each non-empty) with ``opts.strategy``; ``block_size``: the
+    model's L (used when opts.block_size is 0); ``requests``: each row's request id for the noise
+    (default 0, 1, ...)."""
+    opts.check()
+    if not prompts or any(len(p) == 0 for p in prompts):
+        raise UserError("every prompt needs at least one token")
+    t0 = time.perf_counter()
+    L = opts.block_size or block_size
+    width = opts.width()
+    pad = eos_id if pad_id is None else pad_id
+    n = len(prompts)
+    res = SelfSpecResult(tokens=[[] for _ in range(n)], stop=["length"] * n, accepted=[[] for _ in range(n)])
+    st = _Batch(backend, prompts, opts, range(n) if requests is None else requests, mask_id)
+
+    # the prompts, left-padded: a pad column attends only itself
+    lp = max(len(p) for p in prompts)
+    ids = np.full((n, lp), pad, dtype=np.int64)
+    real = np.zeros((n, lp), dtype=bool)
+    for b, p in enumerate(prompts):
+        ids[b, lp - len(p):] = p
+        real[b, lp - len(p):] = True
+    pos = np.maximum(np.arange(lp)[None] - (lp - st.next_pos)[:, None], 0)
+    causal = np.tril(np.ones((lp, lp), dtype=bool))[None] & real[:, None, :]
+    causal |= np.eye(lp, dtype=bool)[None]
+    top, _ = backend.prefill(st.cache, ids, pos, causal[:, None], keep=lp, sampling=st.sampling(pos))
+    res.forwards += 1
+    st.valid = real
+    seed = top[:, -1, 0].astype(np.int64)
+    emitted = [[int(s)] for s in seed]
+    _emit(res, st, emitted, opts, eos_id, first=True)
+    alive = _alive(res, st)
+    seed = seed[alive]
+    st.keep(alive)
+
+    while st.rows:
+        b = len(st.rows)
+        if width == 0:
+            tries = [Trie(np.array([s]), np.array([-1]), np.array([0])) for s in seed]
+        else:
+            block = np.full((b, L), mask_id, dtype=np.int64)
+            block[:, 0] = seed
+            bpos = st.next_pos[:, None] + np.arange(L)[None]
+            d_ids, d_p = backend.verify(st.cache, block, bpos, st.mask(np.ones((b, L, L), dtype=bool)))
+            res.forwards += 1
+            tries = [build_trie(int(seed[r]), d_ids[r, 1:], d_p[r, 1:], width) for r in range(b)]
+        t = max(len(tr.tokens) for tr in tries)
+        tok = np.full((b, t), pad, dtype=np.int64)
+        depth = np.zeros((b, t), dtype=np.int64)
+        tree = np.broadcast_to(np.eye(t, dtype=bool), (b, t, t)).copy()   # a filler node attends itself
+        for r, tr in enumerate(tries):
+            m = len(tr.tokens)
+            tok[r, :m], depth[r, :m], tree[r, :m, :m] = tr.tokens, tr.depth, tr.ancestors()
+        qpos = st.next_pos[:, None] + depth
+        paths: list = []
+
+        def keep(top_ids, _probs, tries=tries, paths=paths):
+            for r, tr in enumerate(tries):
+                paths.append(accepted_path(tr, top_ids[r, :len(tr.tokens), 0]))
+            width_ = max(len(p) for p in paths)
+            return np.array([p + [p[-1]] * (width_ - len(p)) for p in paths], dtype=np.int64)
+
+        top, _ = backend.prefill(st.cache, tok, qpos, st.mask(tree), keep=keep, sampling=st.sampling(qpos))
+        res.forwards += 1
+        res.verify_tokens += int(sum(len(tr.tokens) for tr in tries))
+        width_ = max(len(p) for p in paths)
+        st.valid = np.concatenate([st.valid, np.array([[i < len(p) for i in range(width_)] for p in paths])], axis=1)
+        emitted, seed = [], np.zeros(b, dtype=np.int64)
+        for r, (tr, p) in enumerate(zip(tries, paths)):
+            bonus = int(top[r, p[-1], 0])
+            emitted.append([int(x) for x in tr.tokens[p[1:]]] + [bonus])
+            seed[r] = bonus
+            st.next_pos[r] += len(p)
+        _emit(res, st, emitted, opts, eos_id)
+        alive = _alive(res, st)
+        seed = seed[alive]
+        st.keep(alive)
+    res.seconds = time.perf_counter() - t0
+    return res
+
+
+def _emit(res: SelfSpecResult, st: _Batch, emitted: list, opts: SelfSpecOptions, eos_id: int,
+          first: bool = False) -> None:
+    """Append each batch row's emitted tokens to its result row, cut at EOS / max_new_tokens."""
+    for r, toks in enumerate(emitted):
+        row = st.rows[r]
+        if not first:
+            res.accepted[row].append(len(toks))
+        for x in toks:
+            if x == eos_id:
+                res.stop[row] = "eos"
+                break
+            if len(res.tokens[row]) >= opts.max_new_tokens:
+                break
+            res.tokens[row].append(x)
+
+
+def _alive(res: SelfSpecResult, st: _Batch) -> np.ndarray:
+    """The batch rows still decoding."""
+    return np.array([r for r, row in enumerate(st.rows)
+                     if res.stop[row] != "eos" and len(res.tokens[row]) < st.opts.max_new_tokens], dtype=np.int64)

@@ -1,0 +1,213 @@
+"""Nemotron-Labs-Diffusion: the family against transformers' Ministral-3 (its backbone), and the
+self-speculative strategies against autoregressive decoding (runtime/self_spec.py).
+
+transformers has no class for the checkpoint; ``Ministral3ForCausalLM`` with ``encoder.`` ->
+``model.`` and ``diffusion_head`` -> ``lm_head`` and a 4-D mask computes both of its attention
+modes (the facts sheet, §4)."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from dllm_deploy.errors import UserError
+from tests.conftest import write_random_checkpoint
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+# odd sizes, head_dim != hidden / heads; the original YaRN window (16) shorter than the positions used
+YARN = {"rope_type": "yarn", "factor": 16.0, "original_max_position_embeddings": 16, "beta_fast": 32.0,
+        "beta_slow": 1.0, "mscale": 1.0, "mscale_all_dim": 1.0, "llama_4_scaling_beta": 0.1, "rope_theta": 1e6}
+RAW = {"model_type": "nemotron_labs_diffusion", "architectures": ["NemotronLabsDiffusionModel"],
+       "hidden_size": 44, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 14,
+       "num_hidden_layers": 3, "intermediate_size": 70, "vocab_size": 131, "rms_norm_eps": 1e-5,
+       "max_position_embeddings": 256, "mask_token_id": 100, "eos_token_id": 11, "block_size": 8,
+       "tie_word_embeddings": False, "rope_parameters": YARN}
+# a second case: YaRN's attention factor from the scale alone (cos and sin multiplied by 1.277)
+RAW_FACTOR = {**RAW, "rope_parameters": {k: v for k, v in YARN.items() if not k.startswith("mscale")}}
+
+
+def reference(folder):
+    """transformers' Ministral3ForCausalLM holding the checkpoint's weights (float64)."""
+    from safetensors.torch import load_file
+    raw = json.loads((folder / "config.json").read_text())
+    hc = transformers.Ministral3Config(
+        vocab_size=raw["vocab_size"], hidden_size=raw["hidden_size"], intermediate_size=raw["intermediate_size"],
+        num_hidden_layers=raw["num_hidden_layers"], num_attention_heads=raw["num_attention_heads"],
+        num_key_value_heads=raw["num_key_value_heads"], head_dim=raw["head_dim"], rms_norm_eps=raw["rms_norm_eps"],
+        max_position_embeddings=raw["max_position_embeddings"], tie_word_embeddings=False, sliding_window=None,
+        rope_parameters=dict(raw["rope_parameters"]))
+    ref = transformers.Ministral3ForCausalLM(hc)
+    sd = {k.replace("encoder.", "model.").replace("diffusion_head", "lm_head"): v
+          for k, v in load_file(str(folder / "model.safetensors")).items()}
+    ref.load_state_dict(sd)
+    return ref.eval()
+
+
+@pytest.fixture(scope="module")
+def checkpoints(tmp_path_factory):
+    root = tmp_path_factory.mktemp("nld")
+    return {name: write_random_checkpoint(root / name, raw, seed=i)
+            for i, (name, raw) in enumerate({"yarn": RAW, "factor": RAW_FACTOR}.items())}
+
+
+def _modes(prefix: int, block: int):
+    """The (T,S) masks of a call after ``prefix`` cached positions: causal, the draft (block both
+    ways) and a tree (node i's parent i // 2)."""
+    causal = np.tril(np.ones((block, block), bool))
+    tree = np.eye(block, dtype=bool)
+    for i in range(1, block):
+        tree[i] |= tree[(i - 1) // 2]
+    depth = np.array([int(np.log2(i + 1)) for i in range(block)])
+    return {"causal": (causal, np.arange(block)), "draft": (np.ones((block, block), bool), np.arange(block)),
+            "tree": (tree, depth)}
+
+
+@pytest.mark.parametrize("case", ["yarn", "factor"])
+def test_logits_and_kv_parity(checkpoints, case):
+    """Logits of a causal prefix, then of a causal block, a draft block and a tree over its KV,
+    with the prefix KV, fp32 and fp64, against transformers: <= 1e-4 (fp32), with positions past
+    the YaRN window."""
+    from dllm_deploy.models.loading import load_model
+    folder = checkpoints[case]
+    ref = reference(folder).double()
+    ours, cfg = load_model(str(folder))
+    assert cfg.rope_type == "yarn" and cfg.q_scale_beta == 0.1 and cfg.rope_original_max == 16
+    assert (cfg.rope_attention_factor == 1.0) == (case == "yarn")
+    g = torch.Generator().manual_seed(1)
+    b, p, t = 2, 21, 7
+    ids = torch.randint(0, 131, (b, p + t), generator=g)
+    pos = torch.arange(p + t)[None].repeat(b, 1) + torch.tensor([[0], [19]])     # row 1 starts at 19
+    # fp64 within 1e-6: transformers' RMSNorm and rotary tables compute in fp32 whatever the dtype
+    for dtype, tol in ((torch.float64, 1e-6), (torch.float32, 1e-4)):
+        ours_t = ours.to(dtype).eval()
+        for impl in ("sdpa", "eager"):
+            ours_t.set_attention(impl)
+            pre_mask = torch.ones(b, 1, p, p, dtype=torch.bool).tril()
+            with torch.no_grad():
+                logits, past = ours_t(ids[:, :p], pos[:, :p], pre_mask)
+                want = ref.to(dtype)(input_ids=ids[:, :p], position_ids=pos[:, :p], attention_mask=pre_mask,
+                                     use_cache=True)
+            assert (logits - want.logits).abs().max() <= tol
+            for layer, (k, v) in enumerate(past):
+                assert (k - want.past_key_values.layers[layer].keys).abs().max() <= tol
+                assert (v - want.past_key_values.layers[layer].values).abs().max() <= tol
+            for mode, (m, depth) in _modes(p, t).items():
+                full = torch.cat([torch.ones(t, p, dtype=torch.bool), torch.as_tensor(m)], 1)[None, None].repeat(b, 1, 1, 1)
+                qpos = pos[:, p:p + 1] + torch.as_tensor(depth)[None]
+                with torch.no_grad():
+                    got, _ = ours_t(ids[:, p:], qpos, full, past)
+                    whole = torch.cat([torch.ones(p, p + t, dtype=torch.bool).tril(), full[0, 0]])[None, None].repeat(b, 1, 1, 1)
+                    ref_pos = torch.cat([pos[:, :p], qpos], 1)
+                    exp = ref.to(dtype)(input_ids=ids, position_ids=ref_pos, attention_mask=whole).logits[:, p:]
+                assert (got - exp).abs().max() <= tol, (dtype, impl, mode)
+    ours.set_attention("sdpa")
+
+
+def _prompts(seed=0, lengths=(5, 9, 3, 12)):
+    rng = np.random.default_rng(seed)
+    return [[int(x) for x in rng.integers(0, 99, size=k)] for k in lengths]
+
+
+def _hf_greedy(ref, prompt, n, mask_id, eos):
+    """transformers' greedy generate with the mask id excluded (as the SDK's graphs exclude it)."""
+    class NoMask(transformers.LogitsProcessor):
+        def __call__(self, ids, scores):
+            scores[:, mask_id] = -float("inf")
+            return scores
+    out = ref.generate(torch.tensor([prompt]), max_new_tokens=n, do_sample=False, eos_token_id=eos, pad_token_id=eos,
+                       logits_processor=transformers.LogitsProcessorList([NoMask()]))[0, len(prompt):].tolist()
+    return out[:out.index(eos)] if eos in out else out
+
+
+@pytest.fixture(scope="module")
+def backends(checkpoints, tmp_path_factory):
+    from dllm_deploy.export.exporter import export
+    from dllm_deploy.models.loading import load_model
+    from dllm_deploy.runtime.backends.ort_backend import load_ort
+    from dllm_deploy.runtime.backends.torch_backend import TorchBackend
+    folder = checkpoints["yarn"]
+    module, cfg = load_model(str(folder))
+    out = tmp_path_factory.mktemp("nld-art") / "art"
+    export(str(folder), out, precisions=["fp32"], log=lambda m: None)
+    return {"torch": TorchBackend(module, cfg), "ort": load_ort(out).backend}, cfg, folder
+
+
+def _run(backend, cfg, prompts, **opts):
+    from dllm_deploy.runtime.self_spec import SelfSpecOptions, generate
+    return generate(backend, prompts, SelfSpecOptions(**opts), cfg.mask_token_id, cfg.eos_token_id, cfg.block_size)
+
+
+def test_spec_equals_ar_and_transformers(backends):
+    """linear-spec and tree-spec (W 2, 4) give ar's tokens, batch 4 (different prompt lengths) and
+    batch 1, on torch and ONNX Runtime; ar equals transformers' greedy decoding."""
+    bes, cfg, folder = backends
+    prompts = _prompts()
+    ref = reference(folder)
+    want = [_hf_greedy(ref, p, 24, cfg.mask_token_id, cfg.eos_token_id) for p in prompts]
+    for name, be in bes.items():
+        ar = _run(be, cfg, prompts, strategy="ar", max_new_tokens=24)
+        assert ar.tokens == want, name
+        assert ar.forwards == 24                    # the prompt's forward gives the first token
+        for strategy, width in (("linear-spec", 1), ("tree-spec", 2), ("tree-spec", 4)):
+            res = _run(be, cfg, prompts, strategy=strategy, beam_width=width, max_new_tokens=24)
+            assert res.tokens == want, (name, strategy, width)
+            assert res.forwards == 1 + 2 * max(len(a) for a in res.accepted)   # a draft and a verify per round
+        one = _run(be, cfg, prompts[1:2], strategy="tree-spec", beam_width=4, max_new_tokens=24)
+        assert one.tokens == want[1:2]
+
+
+def test_sampled_spec_equals_sampled_ar(backends):
+    """Under seeded sampling every strategy gives ar's tokens (the noise is a function of seed,
+    request and position); another seed gives other tokens."""
+    bes, cfg, _ = backends
+    prompts = _prompts(1)
+    be = bes["ort"]
+    ar = _run(be, cfg, prompts, strategy="ar", max_new_tokens=16, temperature=0.9, seed=5)
+    for strategy in ("linear-spec", "tree-spec"):
+        assert _run(be, cfg, prompts, strategy=strategy, max_new_tokens=16, temperature=0.9, seed=5).tokens == ar.tokens
+    assert _run(be, cfg, prompts, strategy="ar", max_new_tokens=16, temperature=0.9, seed=6).tokens != ar.tokens
+    assert _run(be, cfg, prompts, strategy="ar", max_new_tokens=16).tokens != ar.tokens
+
+
+def test_eos_stops_a_row(backends):
+    """A row stops at EOS (dropped from its tokens) while the others go on."""
+    bes, cfg, _ = backends
+    prompts = _prompts()
+    free = _run(bes["ort"], cfg, prompts, strategy="ar", max_new_tokens=12)
+    eos = free.tokens[2][4]                      # pretend the 5th token of row 2 is EOS
+    from dllm_deploy.runtime.self_spec import SelfSpecOptions, generate
+    for strategy in ("ar", "linear-spec", "tree-spec"):
+        res = generate(bes["ort"], prompts, SelfSpecOptions(strategy=strategy, max_new_tokens=12), cfg.mask_token_id, eos, 8)
+        cut = [t[:t.index(eos)] if eos in t else t for t in free.tokens]
+        assert res.tokens == cut and res.stop[2] == "eos"
+
+
+def test_trie_and_acceptance():
+    """The trie holds the W best draft sequences; acceptance walks the causal predictions."""
+    from dllm_deploy.runtime.self_spec import accepted_path, best_sequences, build_trie
+    ids = np.array([[5, 6], [7, 8], [9, 4]])
+    probs = np.array([[0.9, 0.1], [0.6, 0.4], [0.5, 0.45]])
+    assert best_sequences(ids, probs, 1) == [(5, 7, 9)]
+    assert best_sequences(ids, probs, 3) == [(5, 7, 9), (5, 7, 4), (5, 8, 9)]
+    trie = build_trie(1, ids, probs, 3)
+    assert trie.tokens.tolist() == [1, 5, 7, 9, 4, 8, 9] and trie.parent.tolist() == [-1, 0, 1, 2, 2, 1, 5]
+    assert trie.depth.tolist() == [0, 1, 2, 3, 3, 2, 3]
+    # the model predicts 5 after the seed, 8 after 5 (the runner-up branch), then 9
+    assert accepted_path(trie, np.array([5, 8, 0, 0, 0, 9, 3])) == [0, 1, 5, 6]
+    assert accepted_path(trie, np.array([2, 0, 0, 0, 0, 0, 0])) == [0]
+
+
+def test_bad_options_and_configs():
+    from dllm_deploy.models.config import DLLMConfig
+    from dllm_deploy.runtime.self_spec import SelfSpecOptions
+    with pytest.raises(UserError, match="unknown strategy 'spd'"):
+        SelfSpecOptions(strategy="spd").check()
+    with pytest.raises(UserError, match="block_size"):
+        SelfSpecOptions(block_size=1).check()
+    with pytest.raises(UserError, match="rope_type 'longrope' is not supported"):
+        DLLMConfig.from_hf({**RAW, "rope_parameters": {"rope_type": "longrope", "rope_theta": 1e4}})
+    cfg = DLLMConfig.from_hf({**RAW, "rope_parameters": {"rope_theta": 1e4}})
+    assert cfg.rope_type == "default" and cfg.q_scale_beta == 0 and cfg.layout == "nemotron_diffusion"
