@@ -41,6 +41,8 @@ def _bool_flag(text: str) -> bool:
     return text.lower() in ("true", "1")
 
 
+BENCH_STRATEGIES = "vanilla,threshold,spd"   # bench --strategies default (the masked families)
+
 _FLAG_TYPES = {"int": int, "float": float, "str": str, "bool": _bool_flag}
 _FLAG_OPTIONS = [o for o in OPTIONS.values() if o.runtime and o.flag]    # decode_options.json
 
@@ -92,6 +94,8 @@ def cmd_generate(a) -> int:
     prompts = [decode_escapes(p) if a.escapes else p for p in a.prompt or []]
     if a.stop and a.escapes:
         a.stop = [decode_escapes(s) for s in a.stop]
+    if a.artifact and _self_speculative(a.artifact):
+        return _generate_self_spec(a, prompts)
     decode_config(**_decode_kwargs(a))            # bad options fail before a model is loaded
     if a.stream and not a.json and len(prompts) > 1:
         raise UserError("--stream prints one prompt's text as it comes: give one --prompt, or add --json "
@@ -110,6 +114,52 @@ def cmd_generate(a) -> int:
             print("" if a.stream else r.text)
             print(f"[{r.tokens} tokens, {r.forwards} forwards, TPF {r.tpf:.2f}, {r.tokens_per_s:.1f} tok/s, "
                   f"beam_width {r.beam_width_used}, backend {rt.backend.name}, {r.finish_reason}]", file=sys.stderr)
+    return 0
+
+
+# decode options a self-speculative model reads: option -> SelfSpecOptions field
+SELF_SPEC_OPTIONS = {"strategy": "strategy", "beam_width": "beam_width", "block_length": "block_size",
+                     "gen_length": "max_new_tokens", "max_tokens": "max_new_tokens", "temperature": "temperature",
+                     "seed": "seed"}
+SELF_SPEC_DEFAULT = "tree-spec"     # the fastest lossless strategy measured (docs/self_speculation.md)
+
+
+def _generate_self_spec(a, prompts: list[str]) -> int:
+    """generate on a self-speculative artifact (runtime/self_spec.py): --prompt text in, text out."""
+    from .runtime.backends.ort_backend import load_ort
+    from .runtime.self_spec import SelfSpecOptions, generate
+    given = {k: v for k, v in _decode_kwargs(a).items() if v is not None}
+    other = [k for k in given if k not in SELF_SPEC_OPTIONS]
+    if other:
+        raise UserError(f"{OPTIONS[other[0]].flag} does not apply to a self-speculative model (it reads "
+                        f"{', '.join(OPTIONS[k].flag for k in SELF_SPEC_OPTIONS)})")
+    if a.chat is not None or a.stream:
+        raise UserError("a self-speculative model takes --prompt text (no --chat, no --stream yet)")
+    opts = SelfSpecOptions(strategy=SELF_SPEC_DEFAULT)
+    for k, v in given.items():
+        setattr(opts, SELF_SPEC_OPTIONS[k], v)
+    opts.check()
+    loaded = load_ort(a.artifact, precision=a.precision or "fp32")
+    be, tok = loaded.backend, loaded.tokenizer
+    c = be.config
+    res = generate(be, [tok.encode(p) for p in prompts], opts, c.mask_token_id, c.eos_token_id, c.block_size,
+                   max_seq=c.max_seq)
+    rows = []
+    for r, toks in enumerate(res.tokens):
+        rows.append({"text": tok.decode(toks), "token_ids": toks, "tokens": len(toks),
+                     "finish_reason": "stop" if res.stop[r] == "eos" else "length",
+                     "rounds": len(res.accepted[r]),
+                     "tokens_per_round": round(sum(res.accepted[r]) / len(res.accepted[r]), 3) if res.accepted[r] else 0.0})
+    total = sum(r["tokens"] for r in rows)
+    summary = {"strategy": opts.strategy, "beam_width": opts.width(), "forwards": res.forwards,
+               "tpf": round(total / res.forwards, 3), "tokens_per_s": round(total / res.seconds, 1), "backend": be.name}
+    if a.json:
+        print(json.dumps({**rows[0], **summary} if len(rows) == 1 else {"results": rows, **summary}))
+        return 0
+    for r in rows:
+        print(r["text"])
+    print(f"[{total} tokens, {res.forwards} forwards, TPF {summary['tpf']:.2f}, {res.tokens_per_round():.2f} tokens per "
+          f"round, {summary['tokens_per_s']:.1f} tok/s, {opts.strategy} W {opts.width()}, backend {be.name}]", file=sys.stderr)
     return 0
 
 
@@ -180,9 +230,41 @@ def _csv(text: str, cast=str) -> list:
         raise UserError(f"bad list {text!r}") from None
 
 
+def _self_speculative(folder: str) -> bool:
+    """The artifact decodes self-speculatively (its capabilities' attention is causal)."""
+    from .artifact import read_manifest
+    return read_manifest(folder).get("capabilities", {}).get("attention") == "causal"
+
+
+def cmd_bench_self_spec(a) -> int:
+    """bench of a self-speculative artifact: ar, linear-spec, tree-spec at each W (bench_self_spec.py)."""
+    from . import bench_self_spec as bss
+    strategies = bss.DEFAULT_STRATEGIES if a.strategies == BENCH_STRATEGIES else _csv(a.strategies)
+    widths = [w for w in _csv(a.beam_widths, int)]
+    if a.quick:
+        a.n, a.repeats, widths, a.gen_length = 1, 2, [4], min(a.gen_length, 64)
+        a.tasks = a.tasks or "upper,count"
+    configs = bss.configurations(strategies, widths)
+    bar = _progress(len(configs) * a.repeats, "bench", sys.stderr.isatty() and not a.quiet)
+    res = bss.run(a.artifact, strategies, widths, _csv(a.tasks) if a.tasks else None, n=a.n, repeats=a.repeats,
+                  max_new_tokens=a.gen_length, batch_size=a.batch_size, progress=bar)
+    if a.json:
+        _write_file(Path(a.json), json.dumps(res, indent=1) + "\n")
+    if not a.quiet:
+        print(bss.table(res))
+        print(f"[{res['prompts']} prompts, {res['repeats']} repeats (medians), batch {res['batch_size']}, "
+              f"L {res['block_size']}, onnxruntime CPU]", file=sys.stderr)
+    if not res["lossless"]:
+        bad = [r["label"] for r in res["runs"] if r["identical_to_ar"] is False]
+        raise UserError(f"{', '.join(bad)} gave tokens other than ar's: a lossless strategy must not")
+    return 0
+
+
 def cmd_bench(a) -> int:
     from . import report
     from .bench import configurations, overlay_profile, run_bench, targets, tune
+    if _self_speculative(a.artifact):
+        return cmd_bench_self_spec(a)
     if a.quick:
         a.n, a.repeats, a.beam_widths, a.gen_length = 1, 2, "4", min(a.gen_length, 64)
         a.tasks = a.tasks or "upper,count"
@@ -651,7 +733,8 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--backends", default="torch,ort",
                    help="comma-separated: torch, ort, cpp; NAME:S1+S2 runs only those strategies on it "
                         "(e.g. torch:vanilla, the LLaDA baseline alone)")
-    b.add_argument("--strategies", default="vanilla,threshold,spd")
+    b.add_argument("--strategies", default=BENCH_STRATEGIES,
+                   help="comma-separated (a self-speculative artifact: ar, linear-spec, tree-spec; all three by default)")
     b.add_argument("--beam-widths", default="1,2,4,8")
     b.add_argument("--thresholds", default="0.9")
     b.add_argument("--threshold-floors", default=None,

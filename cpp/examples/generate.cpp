@@ -1,6 +1,7 @@
 // dllm-generate: decode prompts from an exported artifact with the C++ runtime.
 //
 //   dllm-generate --artifact DIR --prompt TEXT [--strategy vanilla|threshold|spd] [--json] ...
+//   (a self-speculative model's artifact: --strategy ar|linear-spec|tree-spec, docs/self_speculation.md)
 //   dllm-generate --artifact DIR --prompts-file FILE --json      # one JSON object per line
 //   dllm-generate --artifact DIR --prompts-file FILE --batch-size 4 --json   # 4 prompts per batch
 //
@@ -125,13 +126,59 @@ void set_option(dllm::Options& options, const std::string& name, const std::stri
   }
 }
 
+float to_float(const std::string& flag, const std::string& v) {
+  char* end = nullptr;
+  errno = 0;
+  const float x = std::strtof(v.c_str(), &end);
+  if (v.empty() || *end != '\0' || errno != 0) throw UsageError{"argument " + flag + ": invalid float value: '" + v + "'"};
+  return x;
+}
+
+// The decode flags a self-speculative model reads (docs/self_speculation.md) into its config.
+dllm::SelfSpecConfig self_spec_config(const std::vector<std::pair<std::string, std::string>>& flags) {
+  dllm::SelfSpecConfig c;
+  for (const auto& [flag, v] : flags) {
+    if (flag == "--strategy") c.strategy = v;
+    else if (flag == "--beam-width") c.beam_width = at_least_1(flag, v);
+    else if (flag == "--block-length") c.block_size = at_least_1(flag, v);
+    else if (flag == "--gen-length" || flag == "--max-tokens") c.max_new_tokens = at_least_1(flag, v);
+    else if (flag == "--temperature") c.temperature = to_float(flag, v);
+    else if (flag == "--seed") c.seed = static_cast<uint64_t>(to_int(flag, v));
+    else throw UsageError{flag + " does not apply to a self-speculative model (it reads --strategy, --beam-width, "
+                          "--block-length, --gen-length, --max-tokens, --temperature, --seed)"};
+  }
+  return c;
+}
+
+// A self-speculative model's prompts, batch after batch (its own strategies: ar, linear-spec, tree-spec).
+int run_self_spec(dllm::Runtime& rt, const std::vector<std::string>& prompts, size_t batch_size, bool json,
+                  const std::vector<std::pair<std::string, std::string>>& flags) {
+  const dllm::SelfSpecConfig c = self_spec_config(flags);
+  for (size_t first = 0; first < prompts.size(); first += batch_size) {
+    const std::vector<std::string> batch(prompts.begin() + static_cast<long>(first),
+                                         prompts.begin() + static_cast<long>(std::min(first + batch_size, prompts.size())));
+    for (const dllm::Result& r : rt.self_spec_generate(batch, c)) {
+      if (json) {
+        std::cout << r.json() << "\n" << std::flush;
+        continue;
+      }
+      const dllm::Stats s = r.stats();
+      std::cout << r.text() << "\n" << std::flush;
+      std::fprintf(stderr, "[%lld tokens, %lld forwards, TPF %.2f, %.1f tok/s, %s W %d, backend ort-cpp, %s]\n",
+                   static_cast<long long>(s.tokens), static_cast<long long>(s.forwards), s.tpf, s.tokens_per_s,
+                   c.strategy.c_str(), s.beam_width_used, r.finish_reason().c_str());
+    }
+  }
+  return 0;
+}
+
 int run(int argc, char** argv) {
   std::string artifact, prompt, prompts_file;
   bool have_prompt = false, json = false, stream = false;
   size_t batch_size = 1;
   dllm::RuntimeOptions ropt;
   ropt.warnings_to_stderr = false;  // printed below with this program's prefix
-  dllm::Options cfg;
+  std::vector<std::pair<std::string, std::string>> decode_flags;  // read once the model is known
   for (int i = 1; i < argc; ++i) {
     const std::string flag = argv[i];
     if (flag == "-h" || flag == "--help") {
@@ -157,7 +204,7 @@ int run(int argc, char** argv) {
     else if (flag == "--prompts-file") prompts_file = v;
     else if (flag == "--max-beam-width") ropt.max_beam_width = at_least_1(flag, v);
     else if (flag == "--batch-size") batch_size = static_cast<size_t>(at_least_1(flag, v));
-    else if (const std::string name = option_of(flag); !name.empty()) set_option(cfg, name, flag, v);
+    else if (!option_of(flag).empty()) decode_flags.emplace_back(flag, v);
     else if (flag == "--precision") ropt.precision = v;
     else if (flag == "--threads") ropt.intra_op_threads = to_int(flag, v);
     else throw UsageError{"unrecognized argument: " + flag};
@@ -170,6 +217,12 @@ int run(int argc, char** argv) {
 
   std::vector<std::string> prompts = have_prompt ? std::vector<std::string>{prompt} : read_prompts(prompts_file);
   dllm::Runtime rt(artifact, ropt);
+  if (rt.self_speculative()) {
+    if (stream) throw UsageError{"--stream: a self-speculative model's results come whole (no --stream yet)"};
+    return run_self_spec(rt, prompts, batch_size, json, decode_flags);
+  }
+  dllm::Options cfg;
+  for (const auto& [flag, v] : decode_flags) set_option(cfg, option_of(flag), flag, v);
   // --stream: each chunk as it comes (its JSON line, or its delta)
   const dllm::ChunkCallback print_chunk = [json](const dllm::Chunk& c) {
     std::cout << (json ? c.json + "\n" : c.delta) << std::flush;

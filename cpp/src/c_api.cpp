@@ -324,6 +324,53 @@ dllm_error* dllm_generate_batch(dllm_runtime* rt, const char* const* prompts, si
   return generate_with(rt, prompts, n, resolved(opts), out, on_chunk ? sink : dllm::detail::ChunkSink());
 }
 
+void dllm_self_spec_config_init(dllm_self_spec_config* cfg) {
+  if (!cfg) return;
+  const dllm::detail::SelfSpecOptions d;
+  std::memset(cfg, 0, sizeof *cfg);
+  cfg->struct_size = sizeof *cfg;
+  cfg->strategy = "tree-spec";
+  cfg->beam_width = d.beam_width;
+  cfg->block_size = d.block_size;
+  cfg->max_new_tokens = d.max_new_tokens;
+  cfg->temperature = d.temperature;
+  cfg->seed = d.seed;
+}
+
+int32_t dllm_runtime_self_speculative(const dllm_runtime* rt) {
+  return rt && rt->runtime && rt->runtime->self_speculative() ? 1 : 0;
+}
+
+dllm_error* dllm_self_spec_generate(dllm_runtime* rt, const char* const* prompts, size_t n,
+                                    const dllm_self_spec_config* cfg, dllm_result** out) {
+  return guarded([&] {
+    if (!out) dllm::detail::user_error("dllm_self_spec_generate: out is NULL");
+    std::fill(out, out + n, nullptr);
+    if (!rt) dllm::detail::user_error("dllm_self_spec_generate: runtime is NULL");
+    if (!prompts || n == 0) dllm::detail::user_error("dllm_self_spec_generate: no prompt given");
+    if (cfg && cfg->struct_size < sizeof(dllm_self_spec_config))
+      dllm::detail::user_error("dllm_self_spec_generate: cfg->struct_size is not set (dllm_self_spec_config_init)");
+    dllm::detail::SelfSpecOptions o;
+    if (cfg) {
+      o.strategy = or_default(cfg->strategy, "tree-spec");
+      o.beam_width = cfg->beam_width, o.block_size = cfg->block_size, o.max_new_tokens = cfg->max_new_tokens;
+      o.temperature = cfg->temperature, o.seed = cfg->seed;
+    }
+    std::vector<std::string> texts;
+    for (size_t i = 0; i < n; ++i) {
+      if (!prompts[i]) dllm::detail::user_error("dllm_self_spec_generate: prompt " + std::to_string(i) + " is NULL");
+      texts.emplace_back(prompts[i]);
+    }
+    std::vector<std::unique_ptr<dllm_result>> results;
+    for (dllm::detail::RowResult& row : rt->runtime->self_spec(texts, o)) {
+      results.push_back(std::make_unique<dllm_result>());
+      results.back()->json = row.to_json();
+      results.back()->row = std::move(row);
+    }
+    for (size_t i = 0; i < n; ++i) out[i] = results[i].release();
+  });
+}
+
 void dllm_result_destroy(dllm_result* res) { delete res; }
 
 const char* dllm_result_text(const dllm_result* res) { return res ? res->row.text.c_str() : ""; }

@@ -130,6 +130,9 @@ RowResult Runtime::generate(const std::string& prompt, const DecodeOptions& cfg,
 std::vector<RowResult> Runtime::generate(const std::vector<std::string>& prompts, const DecodeOptions& cfg_in,
                                         const ChunkSink& sink) {
   if (prompts.empty()) user_error("no prompt given");
+  if (self_speculative())
+    user_error("a " + manifest_.family + " model decodes self-speculatively (ar, linear-spec, tree-spec: "
+               "dllm_self_spec_generate, dllm-generate --strategy linear-spec); the masked strategies do not apply");
   validate(cfg_in);
   check_rules(cfg_in);  // decode_options.json "rules": max_tokens vs gen_length, far / lead vs threshold
   const ModelConfig& mc = manifest_.model;

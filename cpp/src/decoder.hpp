@@ -31,6 +31,7 @@
 #include "manifest.hpp"
 #include "ort_backend.hpp"
 #include "policy.hpp"
+#include "self_spec.hpp"
 #include "stream.hpp"
 #include "tokenizer.hpp"
 
@@ -83,6 +84,9 @@ class Runtime {
   // cancel ends every row that has not finished ("cancelled").
   std::vector<RowResult> generate(const std::vector<std::string>& prompts, const DecodeOptions& cfg,
                                   const ChunkSink& sink = ChunkSink());
+  // A self-speculative model's decode (self_spec.cpp): its capabilities' attention is "causal".
+  std::vector<RowResult> self_spec(const std::vector<std::string>& prompts, const SelfSpecOptions& options);
+  bool self_speculative() const { return manifest_.caps.attention == "causal"; }
   int max_seq() const { return manifest_.model.max_seq; }
   int max_beam_width() const { return cap_; }
 

@@ -86,6 +86,7 @@ struct OrtBackend::Impl {
   std::vector<const char*> prefill_in, prefill_out, verify_in, verify_out;
 
   size_t rows = 1, cap_rows = 0, cap_tokens = 0, cap_past = 0, cap_present = 0, cache_len = 0;
+  size_t pending = 0;                       // new tokens of the last prefill_run (their KV in present)
   std::vector<int64_t> ids, pos;            // (B,T)
   std::vector<uint8_t> mask;                // (B,T,P+T)
   std::vector<float> sample_u;              // (B,T)
@@ -332,6 +333,45 @@ void OrtBackend::prefill(size_t t, size_t keep) {
       std::memcpy(s.past[b].data() + h * end * d, s.present[b].data() + h * total * d, end * d * sizeof(float));
   }
   s.cache_len = end;
+}
+
+void OrtBackend::prefill_run(size_t t) {
+  Impl& s = *impl_;
+  const size_t P = s.cache_len, total = P + t;
+  if (t > s.cap_tokens || P > s.cap_past || total > s.cap_present)
+    fail(DLLM_ERROR_INTERNAL, "prefill larger than the reserved buffers");
+  s.add_inputs(t);
+  s.add_top_outputs(t);
+  s.present_shapes.resize(s.present.size());
+  for (size_t i = 0; i < s.present.size(); ++i) {
+    s.present_shapes[i] = {static_cast<int64_t>(s.rows), s.hkv[i], static_cast<int64_t>(total), s.d[i]};
+    const size_t row = static_cast<size_t>(s.hkv[i] * s.d[i]);
+    s.out_values.push_back(Ort::Value::CreateTensor(s.mem, s.present[i].data(), s.rows * row * total * sizeof(float),
+                                                    s.present_shapes[i].data(), 4, ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT));
+  }
+  s.run(s.prefill, s.prefill_in, s.prefill_out, run_seconds);
+  s.pending = t;
+}
+
+void OrtBackend::commit_selected(const std::vector<int64_t>& idx, size_t n) {
+  Impl& s = *impl_;
+  const size_t P = s.cache_len, t = s.pending, total = P + t, end = P + n;
+  if (idx.size() != s.rows * n || end > s.cap_past) fail(DLLM_ERROR_INTERNAL, "commit larger than the reserved buffers");
+  // cache <- present[:, :, :P] + the chosen new positions, (B, Hkv, P+n, D) contiguous
+  for (size_t b = 0; b < s.past.size(); ++b) {
+    const size_t d = static_cast<size_t>(s.d[b]), hkv = static_cast<size_t>(s.hkv[b]);
+    float* past = s.past[b].data();
+    const float* present = s.present[b].data();
+    for (size_t h = 0; h < s.rows * hkv; ++h) {
+      const size_t row = h / hkv;
+      std::memcpy(past + h * end * d, present + h * total * d, P * d * sizeof(float));
+      for (size_t j = 0; j < n; ++j)
+        std::memcpy(past + (h * end + P + j) * d, present + (h * total + P + static_cast<size_t>(idx[row * n + j])) * d,
+                    d * sizeof(float));
+    }
+  }
+  s.cache_len = end;
+  s.pending = 0;
 }
 
 void OrtBackend::verify(size_t t) {

@@ -57,6 +57,11 @@ class OrtBackend {
   void set_sampling(float temperature, int64_t top_k, float top_p);
 
   void prefill(size_t tokens, size_t keep);
+  // A prefill whose kept KV is chosen after its outputs are seen (a tree verification keeps its
+  // accepted path): prefill_run leaves the call's KV aside; commit_selected appends, per row b,
+  // the KV of the new tokens idx[b*n .. b*n+n) (indices among the T new tokens) to the cache.
+  void prefill_run(size_t tokens);
+  void commit_selected(const std::vector<int64_t>& idx, size_t n);
   void verify(size_t tokens);
   const int64_t* top_ids() const;  // (B,T,K)
   const float* top_probs() const;  // (B,T,K)

@@ -53,11 +53,13 @@ def hf_config(cfg: DLLMConfig) -> dict:
     }
 
 
-def make_batch(rng: random.Random, n: int, tok: ByteTokenizer, block: int = BLOCK, full_share: float = FULL_SHARE):
-    """ids (B,2S), pos (B,2S), mask (B,1,2S,2S), targets (B,2S), ar flags (B,2S), diffusion flags (B,2S)."""
+def make_batch(rng: random.Random, n: int, tok: ByteTokenizer, held_out: set[str], block: int = BLOCK,
+               full_share: float = FULL_SHARE):
+    """ids (B,2S), pos (B,2S), mask (B,1,2S,2S), targets (B,2S), ar flags (B,2S), diffusion flags (B,2S);
+    ``held_out``: prompts never trained on (the evaluation splits')."""
     seqs = []
     for _ in range(n):
-        ex = sample_example(rng, set())
+        ex = sample_example(rng, held_out)
         p, a = tok.encode(ex.prompt), tok.encode(ex.answer) + [tok.EOS]
         seqs.append((p + a, len(p)))
     s = max(len(q) for q, _ in seqs)
@@ -120,6 +122,8 @@ def main(argv=None) -> None:
     model = DLLM(cfg)
     from safetensors.torch import load_file, save_file
     model.load_state_dict(load_file(str(args.init_from / "model.safetensors")))
+    from ..evals.tasks import eval_prompts
+    held_out = eval_prompts()
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(0.9, 0.98), weight_decay=0.01)
     args.out.mkdir(parents=True, exist_ok=True)
     log = open(args.out / "train_log.jsonl", "w")
@@ -128,7 +132,7 @@ def main(argv=None) -> None:
         lr = args.lr * min(1.0, step / args.warmup) * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * step / args.steps)))
         for g in opt.param_groups:
             g["lr"] = lr
-        ids, pos, mask, tgt, ar, dif = make_batch(rng, args.batch, tok, args.block)
+        ids, pos, mask, tgt, ar, dif = make_batch(rng, args.batch, tok, held_out, args.block)
         logits, _ = model(ids, pos, mask)
         ce = F.cross_entropy(logits.flatten(0, 1), tgt.flatten(), reduction="none").view_as(tgt)
         l_ar, l_dif = ce[ar].mean(), ce[dif].mean()

@@ -145,6 +145,7 @@ class _Batch:
         self.cache = backend.new_cache(len(prompts), 0)
         self.valid = np.zeros((len(prompts), 0), dtype=bool)
         self.next_pos = np.array([len(p) for p in prompts], dtype=np.int64)
+        self.eos = self.pad = 0
 
     def sampling(self, pos: np.ndarray) -> dict | None:
         """The graphs' sampling inputs for queries at ``pos`` (B,T): each predicts position pos+1."""
@@ -170,24 +171,37 @@ class _Batch:
 
 
 def generate(backend, prompts: list[list[int]], opts: SelfSpecOptions, mask_id: int, eos_id: int,
-             block_size: int, requests=None, pad_id: int | None = None) -> SelfSpecResult:
+             block_size: int, requests=None, pad_id: int | None = None, max_seq: int | None = None) -> SelfSpecResult:
     """Decode ``prompts`` (token ids, each non-empty) with ``opts.strategy``; ``block_size``: the
     model's L (used when opts.block_size is 0); ``requests``: each row's request id for the noise
-    (default 0, 1, ...)."""
+    (default 0, 1, ...); ``max_seq``: the model's longest sequence (a prompt whose decode could
+    pass it is refused)."""
     opts.check()
     if not prompts or any(len(p) == 0 for p in prompts):
         raise UserError("every prompt needs at least one token")
     t0 = time.perf_counter()
     L = opts.block_size or block_size
-    width = opts.width()
-    pad = eos_id if pad_id is None else pad_id
+    longest = max(len(p) for p in prompts) + opts.max_new_tokens + L
+    if max_seq is not None and longest > max_seq:
+        raise UserError(f"prompt ({max(len(p) for p in prompts)} tokens) + max_new_tokens {opts.max_new_tokens} + "
+                        f"a block of {L} exceeds the model's max_seq {max_seq}")
     n = len(prompts)
     res = SelfSpecResult(tokens=[[] for _ in range(n)], stop=["length"] * n, accepted=[[] for _ in range(n)])
     st = _Batch(backend, prompts, opts, range(n) if requests is None else requests, mask_id)
+    st.eos, st.pad = eos_id, eos_id if pad_id is None else pad_id
+    seed = _prefill(st, prompts, res)
+    while st.rows:
+        tries = _draft(st, seed, L, res)
+        seed = _verify(st, tries, res)
+    res.seconds = time.perf_counter() - t0
+    return res
 
-    # the prompts, left-padded: a pad column attends only itself
-    lp = max(len(p) for p in prompts)
-    ids = np.full((n, lp), pad, dtype=np.int64)
+
+def _prefill(st: _Batch, prompts: list, res: SelfSpecResult) -> np.ndarray:
+    """The prompts' causal forward (left-padded: a pad column attends only itself): their KV, and
+    each row's first token (the first seed). Returns the seeds of the rows that go on."""
+    n, lp = len(prompts), max(len(p) for p in prompts)
+    ids = np.full((n, lp), st.pad, dtype=np.int64)
     real = np.zeros((n, lp), dtype=bool)
     for b, p in enumerate(prompts):
         ids[b, lp - len(p):] = p
@@ -195,60 +209,66 @@ def generate(backend, prompts: list[list[int]], opts: SelfSpecOptions, mask_id: 
     pos = np.maximum(np.arange(lp)[None] - (lp - st.next_pos)[:, None], 0)
     causal = np.tril(np.ones((lp, lp), dtype=bool))[None] & real[:, None, :]
     causal |= np.eye(lp, dtype=bool)[None]
-    top, _ = backend.prefill(st.cache, ids, pos, causal[:, None], keep=lp, sampling=st.sampling(pos))
+    top, _ = st.backend.prefill(st.cache, ids, pos, causal[:, None], keep=lp, sampling=st.sampling(pos))
     res.forwards += 1
     st.valid = real
     seed = top[:, -1, 0].astype(np.int64)
-    emitted = [[int(s)] for s in seed]
-    _emit(res, st, emitted, opts, eos_id, first=True)
+    return _advance(st, res, [[int(s)] for s in seed], seed, first=True)
+
+
+def _draft(st: _Batch, seed: np.ndarray, L: int, res: SelfSpecResult) -> list:
+    """Each row's verification trie: the seed alone (ar), or the W best sequences of one draft
+    forward over [seed, MASK x (L-1)]."""
+    width = st.opts.width()
+    if width == 0:
+        return [Trie(np.array([s]), np.array([-1]), np.array([0])) for s in seed]
+    b = len(st.rows)
+    block = np.full((b, L), st.mask_id, dtype=np.int64)
+    block[:, 0] = seed
+    bpos = st.next_pos[:, None] + np.arange(L)[None]
+    d_ids, d_p = st.backend.verify(st.cache, block, bpos, st.mask(np.ones((b, L, L), dtype=bool)))
+    res.forwards += 1
+    return [build_trie(int(seed[r]), d_ids[r, 1:], d_p[r, 1:], width) for r in range(b)]
+
+
+def _verify(st: _Batch, tries: list, res: SelfSpecResult) -> np.ndarray:
+    """One causal forward over every row's trie (a filler node attends itself); each row keeps the
+    KV of its accepted path and emits its tokens and the bonus. Returns the next seeds."""
+    b, t = len(tries), max(len(tr.tokens) for tr in tries)
+    tok = np.full((b, t), st.pad, dtype=np.int64)
+    depth = np.zeros((b, t), dtype=np.int64)
+    tree = np.broadcast_to(np.eye(t, dtype=bool), (b, t, t)).copy()
+    for r, tr in enumerate(tries):
+        m = len(tr.tokens)
+        tok[r, :m], depth[r, :m], tree[r, :m, :m] = tr.tokens, tr.depth, tr.ancestors()
+    qpos = st.next_pos[:, None] + depth
+    paths: list = []
+
+    def keep(top_ids, _probs):
+        paths.extend(accepted_path(tr, top_ids[r, :len(tr.tokens), 0]) for r, tr in enumerate(tries))
+        n = max(len(p) for p in paths)
+        return np.array([p + [p[-1]] * (n - len(p)) for p in paths], dtype=np.int64)
+
+    top, _ = st.backend.prefill(st.cache, tok, qpos, st.mask(tree), keep=keep, sampling=st.sampling(qpos))
+    res.forwards += 1
+    res.verify_tokens += int(sum(len(tr.tokens) for tr in tries))
+    n = max(len(p) for p in paths)
+    st.valid = np.concatenate([st.valid, np.array([[i < len(p) for i in range(n)] for p in paths])], axis=1)
+    emitted, seed = [], np.zeros(b, dtype=np.int64)
+    for r, (tr, p) in enumerate(zip(tries, paths)):
+        seed[r] = top[r, p[-1], 0]
+        emitted.append([int(x) for x in tr.tokens[p[1:]]] + [int(seed[r])])
+        st.next_pos[r] += len(p)
+    return _advance(st, res, emitted, seed)
+
+
+def _advance(st: _Batch, res: SelfSpecResult, emitted: list, seed: np.ndarray, first: bool = False) -> np.ndarray:
+    """The rows' emitted tokens to their results; the finished rows leave the batch (their cache
+    with them). Returns the seeds of the rows that go on."""
+    _emit(res, st, emitted, st.opts, st.eos, first)
     alive = _alive(res, st)
-    seed = seed[alive]
     st.keep(alive)
-
-    while st.rows:
-        b = len(st.rows)
-        if width == 0:
-            tries = [Trie(np.array([s]), np.array([-1]), np.array([0])) for s in seed]
-        else:
-            block = np.full((b, L), mask_id, dtype=np.int64)
-            block[:, 0] = seed
-            bpos = st.next_pos[:, None] + np.arange(L)[None]
-            d_ids, d_p = backend.verify(st.cache, block, bpos, st.mask(np.ones((b, L, L), dtype=bool)))
-            res.forwards += 1
-            tries = [build_trie(int(seed[r]), d_ids[r, 1:], d_p[r, 1:], width) for r in range(b)]
-        t = max(len(tr.tokens) for tr in tries)
-        tok = np.full((b, t), pad, dtype=np.int64)
-        depth = np.zeros((b, t), dtype=np.int64)
-        tree = np.broadcast_to(np.eye(t, dtype=bool), (b, t, t)).copy()   # a filler node attends itself
-        for r, tr in enumerate(tries):
-            m = len(tr.tokens)
-            tok[r, :m], depth[r, :m], tree[r, :m, :m] = tr.tokens, tr.depth, tr.ancestors()
-        qpos = st.next_pos[:, None] + depth
-        paths: list = []
-
-        def keep(top_ids, _probs, tries=tries, paths=paths):
-            for r, tr in enumerate(tries):
-                paths.append(accepted_path(tr, top_ids[r, :len(tr.tokens), 0]))
-            width_ = max(len(p) for p in paths)
-            return np.array([p + [p[-1]] * (width_ - len(p)) for p in paths], dtype=np.int64)
-
-        top, _ = backend.prefill(st.cache, tok, qpos, st.mask(tree), keep=keep, sampling=st.sampling(qpos))
-        res.forwards += 1
-        res.verify_tokens += int(sum(len(tr.tokens) for tr in tries))
-        width_ = max(len(p) for p in paths)
-        st.valid = np.concatenate([st.valid, np.array([[i < len(p) for i in range(width_)] for p in paths])], axis=1)
-        emitted, seed = [], np.zeros(b, dtype=np.int64)
-        for r, (tr, p) in enumerate(zip(tries, paths)):
-            bonus = int(top[r, p[-1], 0])
-            emitted.append([int(x) for x in tr.tokens[p[1:]]] + [bonus])
-            seed[r] = bonus
-            st.next_pos[r] += len(p)
-        _emit(res, st, emitted, opts, eos_id)
-        alive = _alive(res, st)
-        seed = seed[alive]
-        st.keep(alive)
-    res.seconds = time.perf_counter() - t0
-    return res
+    return seed[alive]
 
 
 def _emit(res: SelfSpecResult, st: _Batch, emitted: list, opts: SelfSpecOptions, eos_id: int,

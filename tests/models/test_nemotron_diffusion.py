@@ -211,3 +211,27 @@ def test_bad_options_and_configs():
         DLLMConfig.from_hf({**RAW, "rope_parameters": {"rope_type": "longrope", "rope_theta": 1e4}})
     cfg = DLLMConfig.from_hf({**RAW, "rope_parameters": {"rope_theta": 1e4}})
     assert cfg.rope_type == "default" and cfg.q_scale_beta == 0 and cfg.layout == "nemotron_diffusion"
+
+
+def test_cli_generate_and_bench(backends, tmp_path, capsys):
+    """`generate` and `bench` on a self-speculative artifact: its own strategies, JSON, one-line refusals."""
+    from dllm_deploy.cli import main
+    art = str(backends[0]["ort"].folder)
+    assert main(["generate", "--artifact", art, "--prompt", "upper: ab", "--gen-length", "12", "--json"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    assert d["strategy"] == "tree-spec" and d["tokens"] == len(d["token_ids"]) <= 12 and d["forwards"] >= 1
+    assert main(["generate", "--artifact", art, "--prompt", "upper: ab", "--gen-length", "12", "--strategy", "ar",
+                 "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["token_ids"] == d["token_ids"]
+    for args, msg in ((["--threshold", "0.5"], "--threshold does not apply to a self-speculative model"),
+                      (["--strategy", "spd"], "unknown strategy 'spd' for a self-speculative model"),
+                      (["--gen-length", "400"], "exceeds the model's max_seq 256")):
+        assert main(["generate", "--artifact", art, "--prompt", "upper: ab", *args]) == 2
+        err = capsys.readouterr().err
+        assert msg in err and err.count("\n") == 1
+    out = tmp_path / "bench.json"
+    assert main(["bench", "--artifact", art, "--quick", "--quiet", "--json", str(out)]) == 0
+    res = json.loads(out.read_text())
+    assert [r["label"] for r in res["runs"]] == ["ar", "linear-spec", "tree-spec W4"]
+    assert res["lossless"] and all(r["identical_to_ar"] for r in res["runs"])
+    assert res["runs"][0]["tpf"] == 1.0 and res["runs"][1]["forwards"] > res["runs"][0]["forwards"] / 2

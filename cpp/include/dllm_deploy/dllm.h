@@ -213,6 +213,30 @@ DLLM_API dllm_error* dllm_generate_batch(dllm_runtime* rt, const char* const* pr
                                          const dllm_options* opts, dllm_chunk_callback on_chunk, void* user_data,
                                          dllm_result** out);
 
+/* ---- self-speculative models --------------------------------------------------------------
+ * A model whose artifact records attention "causal" (Nemotron-Labs-Diffusion) drafts a block by
+ * diffusion and verifies it causally; its output is its own autoregressive output
+ * (docs/self_speculation.md). The generate functions above refuse it; this one decodes it. */
+
+typedef struct dllm_self_spec_config {
+  uint32_t struct_size;    /* sizeof(dllm_self_spec_config), set by dllm_self_spec_config_init */
+  const char* strategy;    /* "ar" | "linear-spec" | "tree-spec" (default) */
+  int32_t beam_width;      /* tree-spec: W draft sequences verified per round (4) */
+  int32_t block_size;      /* L: the draft block; 0 (default): the model's */
+  int32_t max_new_tokens;  /* tokens per prompt (64) */
+  float temperature;       /* 0 (default): greedy; else sampled with the seed's counter-based noise */
+  uint64_t seed;           /* the sampler's key (0) */
+} dllm_self_spec_config;
+
+DLLM_API void dllm_self_spec_config_init(dllm_self_spec_config* cfg);
+/* 1 when the runtime's artifact decodes self-speculatively, else 0 (NULL: 0). */
+DLLM_API int32_t dllm_runtime_self_speculative(const dllm_runtime* rt);
+/* The n prompts decoded together; on success out[i] owns prompt i's result (token ids, text,
+ * stats: forwards are the row's own, accepted_hist[k] = rounds that emitted k tokens; finish
+ * reason "eos" or "length"); on failure every out[i] is NULL. cfg NULL: the defaults. */
+DLLM_API dllm_error* dllm_self_spec_generate(dllm_runtime* rt, const char* const* prompts, size_t n,
+                                             const dllm_self_spec_config* cfg, dllm_result** out);
+
 /* ---- results ------------------------------------------------------------------------------ */
 
 typedef struct dllm_stats {

@@ -173,6 +173,16 @@ class Result {
   std::unique_ptr<dllm_result, detail::ResultDeleter> h_;
 };
 
+// dllm_self_spec_config as a value type (its defaults).
+struct SelfSpecConfig {
+  std::string strategy = "tree-spec";  // ar | linear-spec | tree-spec
+  int beam_width = 4;
+  int block_size = 0;                  // 0: the model's
+  int max_new_tokens = 64;
+  float temperature = 0.0f;
+  uint64_t seed = 0;
+};
+
 class Runtime {
  public:
   explicit Runtime(const std::string& artifact_dir, const RuntimeOptions& options = RuntimeOptions()) {
@@ -231,6 +241,24 @@ class Runtime {
     std::vector<Result> results;
     for (dllm_result* r : raw) results.emplace_back(r);
     if (call.error) std::rethrow_exception(call.error);
+    return results;
+  }
+
+  // A self-speculative model (docs/self_speculation.md): the prompts decoded together, one result
+  // each (dllm_self_spec_generate).
+  bool self_speculative() const { return dllm_runtime_self_speculative(h_.get()) != 0; }
+  std::vector<Result> self_spec_generate(const std::vector<std::string>& prompts, const SelfSpecConfig& config) {
+    dllm_self_spec_config c;
+    dllm_self_spec_config_init(&c);
+    c.strategy = config.strategy.c_str();
+    c.beam_width = config.beam_width, c.block_size = config.block_size, c.max_new_tokens = config.max_new_tokens;
+    c.temperature = config.temperature, c.seed = config.seed;
+    std::vector<const char*> texts;
+    for (const std::string& p : prompts) texts.push_back(p.c_str());
+    std::vector<dllm_result*> raw(prompts.size(), nullptr);
+    detail::check(dllm_self_spec_generate(h_.get(), texts.data(), texts.size(), &c, raw.data()));
+    std::vector<Result> results;
+    for (dllm_result* r : raw) results.emplace_back(r);
     return results;
   }
 

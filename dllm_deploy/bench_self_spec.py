@@ -1,0 +1,116 @@
+"""``dllm-deploy bench`` of a self-speculative artifact (runtime/self_spec.py): ``ar``,
+``linear-spec`` and ``tree-spec`` at each W over the same prompts, through the same backend, in one
+interleaved run (medians over repeats; ratios against ``ar`` from this run only).
+
+Per configuration: tokens, forwards (the prompt's, drafts and verifications), tokens per forward,
+tokens per round (emitted per draft+verify round), verified tokens per round (the tree's cost),
+tokens/s, exact match against the task answers, and whether every row's tokens equal ``ar``'s
+(the strategies are lossless: a difference is reported as a failure of the run).
+"""
+from __future__ import annotations
+
+import statistics
+import time
+
+from .errors import UserError
+from .runtime.self_spec import STRATEGIES, SelfSpecOptions, generate
+
+DEFAULT_STRATEGIES = ("ar", "linear-spec", "tree-spec")
+
+
+def configurations(strategies, widths) -> list[tuple[str, int]]:
+    """(strategy, W) pairs: ar and linear-spec once, tree-spec at each W (W 1 is linear-spec)."""
+    bad = [s for s in strategies if s not in STRATEGIES]
+    if bad:
+        raise UserError(f"unknown strategy {bad[0]!r} for a self-speculative artifact (some of {', '.join(STRATEGIES)})")
+    if "tree-spec" in strategies and (not widths or min(widths) < 1):
+        raise UserError("tree-spec needs --beam-widths >= 1")
+    out = []
+    for s in dict.fromkeys(strategies):
+        out += [(s, w) for w in widths if w > 1] if s == "tree-spec" else [(s, {"ar": 0}.get(s, 1))]
+    return out
+
+
+def label(strategy: str, width: int) -> str:
+    return f"{strategy} W{width}" if strategy == "tree-spec" else strategy
+
+
+def run(artifact: str, strategies=DEFAULT_STRATEGIES, widths=(2, 4, 8), families=None, n: int = 5, repeats: int = 3,
+        max_new_tokens: int = 128, batch_size: int = 1, block_size: int = 0, threads: int | None = None,
+        progress=None) -> dict:
+    from .bench import machine_facts, versions
+    from .evals import tasks
+    from .runtime.backends.ort_backend import load_ort
+    if n < 1 or repeats < 1 or batch_size < 1 or max_new_tokens < 1:
+        raise UserError("--n, --repeats, --batch-size and --gen-length must be >= 1")
+    configs = configurations(strategies, widths)
+    loaded = load_ort(artifact, threads=threads)
+    be, tok, cfg = loaded.backend, loaded.tokenizer, loaded.backend.config
+    examples = tasks.eval_split(tuple(families or tasks.FAMILIES), n)
+    prompts = [tok.encode(e.prompt) for e in examples]
+    batches = [list(range(i, min(i + batch_size, len(prompts)))) for i in range(0, len(prompts), batch_size)]
+
+    def once(strategy, width):
+        opts = SelfSpecOptions(strategy=strategy, beam_width=max(width, 1), max_new_tokens=max_new_tokens,
+                               block_size=block_size)
+        rows, seconds, forwards, verified, rounds = [None] * len(prompts), 0.0, 0, 0, []
+        for idx in batches:
+            t0 = time.perf_counter()
+            res = generate(be, [prompts[i] for i in idx], opts, cfg.mask_token_id, cfg.eos_token_id, cfg.block_size,
+                           requests=idx, max_seq=cfg.max_seq)
+            seconds += time.perf_counter() - t0
+            forwards, verified = forwards + res.forwards, verified + res.verify_tokens
+            for j, i in enumerate(idx):
+                rows[i] = res.tokens[j]
+            rounds += [a for row in res.accepted for a in row]
+        return rows, seconds, forwards, verified, rounds
+
+    once(*configs[0])                                    # warm-up: sessions, allocator, caches
+    runs = {c: [] for c in configs}
+    for _ in range(repeats):
+        for c in configs:
+            runs[c].append(once(*c))
+            if progress:
+                progress(1)
+    ar_rows = runs[("ar", 0)][0][0] if ("ar", 0) in runs else None
+    out = []
+    for (strategy, width), reps in runs.items():
+        rows, _, forwards, verified, rounds = reps[0]
+        tokens = sum(len(r) for r in rows)
+        seconds = statistics.median(r[1] for r in reps)
+        outputs = [tok.decode(r) for r in rows]
+        out.append({
+            "label": label(strategy, width), "strategy": strategy, "beam_width": width,
+            "tokens": tokens, "forwards": forwards, "tpf": round(tokens / forwards, 3),
+            "rounds": len(rounds), "tokens_per_round": round(tokens_per_round(rounds), 3),
+            "verified_per_round": round(verified / len(rounds), 2) if rounds else 0.0,
+            "seconds_median": round(seconds, 4), "tokens_per_s": round(tokens / seconds, 1),
+            "exact_match": round(sum(tasks.score(e, o) for e, o in zip(examples, outputs)) / len(examples), 3),
+            "identical_to_ar": None if ar_rows is None else rows == ar_rows,
+        })
+    ar = next((r for r in out if r["strategy"] == "ar"), None)
+    for r in out:
+        r["speedup_vs_ar"] = round(r["tokens_per_s"] / ar["tokens_per_s"], 3) if ar else None
+    lin = next((r for r in out if r["strategy"] == "linear-spec"), None)
+    for r in out:
+        r["rounds_vs_linear"] = (round(r["tokens_per_round"] / lin["tokens_per_round"], 3)
+                                 if lin and r["strategy"] == "tree-spec" else None)
+    return {"kind": "self_spec", "artifact": str(artifact), "family": cfg.layout, "prompts": len(prompts),
+            "tasks": list(families or tasks.FAMILIES), "n": n, "repeats": repeats, "max_new_tokens": max_new_tokens,
+            "batch_size": batch_size, "block_size": block_size or cfg.block_size, "threads": threads,
+            "machine": machine_facts(), "versions": versions(), "runs": out,
+            "lossless": all(r["identical_to_ar"] is not False for r in out)}
+
+
+def tokens_per_round(rounds: list[int]) -> float:
+    return sum(rounds) / len(rounds) if rounds else 0.0
+
+
+def table(res: dict) -> str:
+    head = f"{'configuration':<14} {'tok/round':>9} {'verified':>8} {'TPF':>6} {'tok/s':>8} {'vs ar':>6} {'EM':>6}  same as ar"
+    lines = [head]
+    for r in res["runs"]:
+        lines.append(f"{r['label']:<14} {r['tokens_per_round']:>9.2f} {r['verified_per_round']:>8.1f} {r['tpf']:>6.2f} "
+                     f"{r['tokens_per_s']:>8.1f} {r['speedup_vs_ar'] or 0:>6.2f} {r['exact_match']:>6.3f}  "
+                     f"{'-' if r['identical_to_ar'] is None else r['identical_to_ar']}")
+    return "\n".join(lines)
