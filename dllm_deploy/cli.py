@@ -133,8 +133,10 @@ def _generate_self_spec(a, prompts: list[str]) -> int:
     if other:
         raise UserError(f"{OPTIONS[other[0]].flag} does not apply to a self-speculative model (it reads "
                         f"{', '.join(OPTIONS[k].flag for k in SELF_SPEC_OPTIONS)})")
-    if a.chat is not None or a.stream:
-        raise UserError("a self-speculative model takes --prompt text (no --chat, no --stream yet)")
+    if a.chat is not None or a.stop:
+        raise UserError("a self-speculative model takes --prompt text (no --chat, no --stop yet)")
+    if a.stream and (a.json or len(prompts) > 1):
+        raise UserError("--stream on a self-speculative model prints one prompt's text (no --json)")
     opts = SelfSpecOptions(strategy=SELF_SPEC_DEFAULT)
     for k, v in given.items():
         setattr(opts, SELF_SPEC_OPTIONS[k], v)
@@ -142,8 +144,16 @@ def _generate_self_spec(a, prompts: list[str]) -> int:
     loaded = load_ort(a.artifact, precision=a.precision or "fp32")
     be, tok = loaded.backend, loaded.tokenizer
     c = be.config
+    on_tokens = None
+    if a.stream:                     # each round's tokens are final: their text as it comes
+        from .runtime.stream import RowText
+        text = RowText(tok.decode, c.eos_token_id, (), opts.max_new_tokens)
+
+        def on_tokens(_row, ids, stop):
+            sys.stdout.write(text.update(list(ids) + ([c.eos_token_id] if stop == "eos" else []))[0])
+            sys.stdout.flush()
     res = generate(be, [tok.encode(p) for p in prompts], opts, c.mask_token_id, c.eos_token_id, c.block_size,
-                   max_seq=c.max_seq)
+                   max_seq=c.max_seq, on_tokens=on_tokens)
     rows = []
     for r, toks in enumerate(res.tokens):
         rows.append({"text": tok.decode(toks), "token_ids": toks, "tokens": len(toks),
@@ -157,7 +167,7 @@ def _generate_self_spec(a, prompts: list[str]) -> int:
         print(json.dumps({**rows[0], **summary} if len(rows) == 1 else {"results": rows, **summary}))
         return 0
     for r in rows:
-        print(r["text"])
+        print("" if a.stream else r["text"])
     print(f"[{total} tokens, {res.forwards} forwards, TPF {summary['tpf']:.2f}, {res.tokens_per_round():.2f} tokens per "
           f"round, {summary['tokens_per_s']:.1f} tok/s, {opts.strategy} W {opts.width()}, backend {be.name}]", file=sys.stderr)
     return 0

@@ -38,6 +38,7 @@ from ..models.registry import get_family
 from ..models.sampling import default_pool
 from ..profiles.memory import INT8_FP32_DEFAULT
 from .graphs import GRAPHS, dynamic_axes, io_names
+from .lora import read_adapter
 from .moe_quant import quantize_experts
 from .smooth import DEFAULT_ALPHA, calibration_texts, input_ranges, smoothing
 from .streamed import (WeightSource, fold_weights, loaded, materialized, param_shapes, params_as_inputs,
@@ -155,11 +156,12 @@ def _max_diff(a: np.ndarray, b: np.ndarray) -> float:
     return float(np.where(a == b, 0.0, diff).max())
 
 
-def torch_outputs(module, cfg, shapes, dtype, pool: int) -> dict:
+def torch_outputs(module, cfg, shapes, dtype, pool: int, graphs=tuple(GRAPHS)) -> dict:
     """(graph, shape index) -> the torch graph wrapper's outputs (numpy) on the parity inputs."""
     import torch
     out = {}
-    for g, wrap in GRAPHS.items():
+    for g in graphs:
+        wrap = GRAPHS[g]
         graph = wrap(module, TOPK, pool)
         for i, (b, t, p) in enumerate(shapes):
             ids, pos, mask, rest = _dummy(cfg, b, t, p, dtype, seed=i)
@@ -303,6 +305,11 @@ def _write_artifact(tmp: Path, source: WeightSource, cfg, tok, src: Path, L: int
         raise UserError(f"family {family.name!r} has graphs of roles {', '.join(caps.graphs)}; this exporter builds "
                         f"{', '.join(GRAPHS)}")
     modules = {}
+    adapter = read_adapter(src, family, source.shapes) if caps.attention == "causal" else None
+    draft = source.with_deltas(adapter.deltas) if adapter else source    # the verify graph drafts
+    if adapter:
+        log(f"draft adapter {adapter.folder.name}: r {adapter.r}, scale {adapter.scale:g}, {len(adapter.deltas)} weights "
+            "folded into the draft graph only")
 
     def module_of(dtype):
         if dtype not in modules:
@@ -330,12 +337,12 @@ def _write_artifact(tmp: Path, source: WeightSource, cfg, tok, src: Path, L: int
                 ranges = input_ranges(module, cfg, tok, calibration, L)
             ops, _ = smoothing(module, cfg, ranges, quant["int8"]["smooth"]["alpha"],
                                real=lambda unit: loaded(module, source, unit))
-            _trace_graphs(module, cfg, L, dtype, opset, trace, pool, source.scaled(ops))
+            _trace_graphs(module, cfg, L, dtype, opset, trace, pool, source.scaled(ops), draft.scaled(ops))
             graphs = _int8_variant({g: trace / g for g in GRAPHS}, sub, quant["int8"])
         elif prec == "int8":
             graphs = _int8_variant({g: tmp for g in GRAPHS}, sub, quant["int8"])
         else:
-            graphs, bases = _trace_graphs(module_of(dtype), cfg, L, dtype, opset, trace, pool, source)
+            graphs, bases = _trace_graphs(module_of(dtype), cfg, L, dtype, opset, trace, pool, source, draft)
         share_weights(graphs, sub, "weights.bin", bases=bases)
         shutil.rmtree(trace, ignore_errors=True)
         for g, m in graphs.items():
@@ -343,8 +350,10 @@ def _write_artifact(tmp: Path, source: WeightSource, cfg, tok, src: Path, L: int
         files[prec] = {**{g: f"{rel}{g}.onnx" for g in GRAPHS}, "weights": f"{rel}weights.bin"}
         if prec not in QUANTIZED:
             module = module_of(dtype)
-            with materialized(module, source):
-                refs = torch_outputs(module, cfg, shapes, dtype, pool)
+            refs = {}
+            for g in GRAPHS:
+                with materialized(module, draft if g == "verify" else source):
+                    refs.update(torch_outputs(module, cfg, shapes, dtype, pool, graphs=(g,)))
             refs32 = refs if prec == "fp32" else refs32
         log(f"parity {prec} ...")
         try:
@@ -376,6 +385,7 @@ def _write_artifact(tmp: Path, source: WeightSource, cfg, tok, src: Path, L: int
                                             "top": ["batch", "tokens", TOPK]}} for g in names},
         "sampling": {"pool": pool, "noise": SAMPLING_NOISE},
         **({"experts": expert_record(cfg, moe_form, files)} if cfg.num_experts else {}),
+        **({"draft_adapter": adapter.record()} if adapter else {}),
         **({"chat": {"template": TEMPLATE_FILE, **special_tokens(src)}} if chat is not None else {}),
         "precisions": files, "quantization": quant, "parity": parity_report,
         "created_s": round(time.time() - t0, 1),
@@ -395,18 +405,20 @@ def expert_record(cfg, form: str, files: dict) -> dict:
 
 
 def _trace_graphs(module, cfg, L: int, dtype, opset: int, trace: Path, pool: int,
-                 source: WeightSource) -> tuple[dict, dict]:
+                 source: WeightSource, draft: WeightSource | None = None) -> tuple[dict, dict]:
     """Both graphs of ``module`` (placeholder weights of ``dtype``) traced into their own
-    sub-folders of ``trace``, each with the weights of ``source`` folded into its ``data`` file;
-    returns the graphs (weights not loaded) and those folders."""
+    sub-folders of ``trace``, each with the weights of ``source`` folded into its ``data`` file
+    (``draft``: the verify graph's, when they differ: a draft-only adapter); returns the graphs
+    (weights not loaded) and those folders."""
     names, axes = io_names(cfg.num_layers), dynamic_axes(cfg.num_layers)
     ids, pos, mask, rest = _dummy(cfg, 1, L, 4, dtype)
     graphs, bases = {}, {}
     for g, wrap in GRAPHS.items():
         bases[g] = trace / g
         bases[g].mkdir(parents=True)
+        src = draft if g == "verify" and draft is not None else source
         graphs[g] = _export_graph(wrap(module, TOPK, pool), (ids, pos, mask, *rest), names[g], axes, opset,
-                                  bases[g] / f"{g}.onnx", lambda n: source.get(n, dtype).numpy())
+                                  bases[g] / f"{g}.onnx", lambda n, src=src: src.get(n, dtype).numpy())
     return graphs, bases
 
 

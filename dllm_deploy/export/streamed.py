@@ -43,6 +43,7 @@ class WeightSource:
         self.folder, self.shapes = folder, shapes
         self.index: dict[str, tuple[Path, str]] = {}
         self.factors: dict[str, list] = {}
+        self.deltas: dict[str, tuple] = {}
         for f, st in open_shards(folder):
             for name in st.keys():
                 ours = family.to_ours(name)
@@ -66,6 +67,13 @@ class WeightSource:
             out.factors.setdefault(name, []).append((op, factor))
         return out
 
+    def with_deltas(self, deltas: dict) -> "WeightSource":
+        """This source with a low-rank delta added to each parameter of ``deltas`` (name -> an
+        export/lora.py entry) as it is read, before any smoothing factor."""
+        out = copy.copy(self)
+        out.deltas = dict(deltas)
+        return out
+
     def get(self, name: str, dtype=None):
         """Parameter ``name`` (the module's name) as a torch tensor of ``dtype`` (default fp32)."""
         import torch
@@ -82,6 +90,9 @@ class WeightSource:
         except (SafetensorError, ValueError) as e:
             raise UserError(f"{f}: corrupt safetensors file ({e})") from None
         t = t.float()
+        if name in self.deltas:
+            from .lora import delta
+            t = t + delta(self.deltas[name])
         for op, factor in self.factors.get(name, ()):
             t = t.mul(factor) if op == "mul" else t.div(factor)
         return t.to(dtype or torch.float32)

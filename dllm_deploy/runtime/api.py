@@ -145,7 +145,7 @@ class Runtime:
             prompts = [prompts]
         if self.backend.capabilities.attention == "causal":
             raise UserError(f"a {self.config.layout} model decodes self-speculatively (ar, linear-spec, tree-spec: "
-                            "dllm_deploy.runtime.self_spec, docs/self_speculation.md); the masked strategies do not apply")
+                            "Runtime.self_spec, docs/self_speculation.md); the masked strategies do not apply")
         if config is not None:
             if decode:
                 raise UserError(f"give decode options as keywords or as config=, not both ({', '.join(sorted(decode))})")
@@ -162,6 +162,25 @@ class Runtime:
         keywords; ``on_chunk``: called with every chunk as it comes (docs/streaming.md);
         ``config``: a resolved DecodeConfig instead of decode keywords."""
         return self.decoder.generate(*self._call(prompts, rows, decode, config), on_chunk=on_chunk)
+
+    def self_spec(self, prompts: str | list[str], strategy: str = "tree-spec", **options) -> list[dict]:
+        """A self-speculative model's decode (runtime/self_spec.py; docs/self_speculation.md): one
+        dict per prompt (text, token_ids, finish_reason "eos" | "length", tokens_per_round) plus the
+        batch's forwards. ``options``: SelfSpecOptions' fields (beam_width, block_size,
+        max_new_tokens, temperature, seed)."""
+        from .self_spec import SelfSpecOptions, generate
+        if self.backend.capabilities.attention != "causal":
+            raise UserError(f"a {self.config.layout} model does not decode self-speculatively")
+        unknown = sorted(set(options) - {"beam_width", "block_size", "max_new_tokens", "temperature", "seed"})
+        if unknown:
+            raise UserError(f"unknown self-speculative option(s): {', '.join(unknown)}")
+        prompts = [prompts] if isinstance(prompts, str) else list(prompts)
+        c = self.config
+        res = generate(self.backend, [self.tokenizer.encode(p) for p in prompts], SelfSpecOptions(strategy=strategy, **options),
+                       c.mask_token_id, c.eos_token_id, c.block_size, max_seq=c.max_seq)
+        return [{"text": self.tokenizer.decode(t), "token_ids": t, "finish_reason": "stop" if res.stop[r] == "eos" else "length",
+                 "tokens_per_round": sum(res.accepted[r]) / len(res.accepted[r]) if res.accepted[r] else 0.0,
+                 "forwards": res.forwards} for r, t in enumerate(res.tokens)]
 
     def chat_prompt(self, messages: list[dict], add_generation_prompt: bool = True) -> str:
         """The prompt text of chat ``messages`` ([{"role": "user", "content": "..."}]) under the

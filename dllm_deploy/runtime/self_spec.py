@@ -146,6 +146,7 @@ class _Batch:
         self.valid = np.zeros((len(prompts), 0), dtype=bool)
         self.next_pos = np.array([len(p) for p in prompts], dtype=np.int64)
         self.eos = self.pad = 0
+        self.on_tokens = None
 
     def sampling(self, pos: np.ndarray) -> dict | None:
         """The graphs' sampling inputs for queries at ``pos`` (B,T): each predicts position pos+1."""
@@ -171,11 +172,14 @@ class _Batch:
 
 
 def generate(backend, prompts: list[list[int]], opts: SelfSpecOptions, mask_id: int, eos_id: int,
-             block_size: int, requests=None, pad_id: int | None = None, max_seq: int | None = None) -> SelfSpecResult:
+             block_size: int, requests=None, pad_id: int | None = None, max_seq: int | None = None,
+             on_tokens=None) -> SelfSpecResult:
     """Decode ``prompts`` (token ids, each non-empty) with ``opts.strategy``; ``block_size``: the
     model's L (used when opts.block_size is 0); ``requests``: each row's request id for the noise
     (default 0, 1, ...); ``max_seq``: the model's longest sequence (a prompt whose decode could
-    pass it is refused)."""
+    pass it is refused); ``on_tokens(row, tokens, stop)``: called after every forward that gave
+    row ``row`` tokens (a round's tokens are final), with all of its tokens so far and its stop
+    reason once it has one (None while it goes on)."""
     opts.check()
     if not prompts or any(len(p) == 0 for p in prompts):
         raise UserError("every prompt needs at least one token")
@@ -188,7 +192,7 @@ def generate(backend, prompts: list[list[int]], opts: SelfSpecOptions, mask_id: 
     n = len(prompts)
     res = SelfSpecResult(tokens=[[] for _ in range(n)], stop=["length"] * n, accepted=[[] for _ in range(n)])
     st = _Batch(backend, prompts, opts, range(n) if requests is None else requests, mask_id)
-    st.eos, st.pad = eos_id, eos_id if pad_id is None else pad_id
+    st.eos, st.pad, st.on_tokens = eos_id, eos_id if pad_id is None else pad_id, on_tokens
     seed = _prefill(st, prompts, res)
     while st.rows:
         tries = _draft(st, seed, L, res)
@@ -267,6 +271,10 @@ def _advance(st: _Batch, res: SelfSpecResult, emitted: list, seed: np.ndarray, f
     with them). Returns the seeds of the rows that go on."""
     _emit(res, st, emitted, st.opts, st.eos, first)
     alive = _alive(res, st)
+    if st.on_tokens is not None:
+        going = set(alive.tolist())
+        for r, row in enumerate(st.rows):
+            st.on_tokens(row, res.tokens[row], None if r in going else res.stop[row])
     st.keep(alive)
     return seed[alive]
 

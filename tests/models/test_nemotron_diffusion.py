@@ -223,6 +223,9 @@ def test_cli_generate_and_bench(backends, tmp_path, capsys):
     assert main(["generate", "--artifact", art, "--prompt", "upper: ab", "--gen-length", "12", "--strategy", "ar",
                  "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["token_ids"] == d["token_ids"]
+    assert main(["generate", "--artifact", art, "--prompt", "upper: ab", "--gen-length", "12", "--stream"]) == 0
+    streamed = capsys.readouterr().out
+    assert streamed.endswith("\n") and streamed[:-1] == d["text"]       # the rounds' text, then a newline
     for args, msg in ((["--threshold", "0.5"], "--threshold does not apply to a self-speculative model"),
                       (["--strategy", "spd"], "unknown strategy 'spd' for a self-speculative model"),
                       (["--gen-length", "400"], "exceeds the model's max_seq 256")):
@@ -235,3 +238,66 @@ def test_cli_generate_and_bench(backends, tmp_path, capsys):
     assert [r["label"] for r in res["runs"]] == ["ar", "linear-spec", "tree-spec W4"]
     assert res["lossless"] and all(r["identical_to_ar"] for r in res["runs"])
     assert res["runs"][0]["tpf"] == 1.0 and res["runs"][1]["forwards"] > res["runs"][0]["forwards"] / 2
+
+
+def test_runtime_api(backends):
+    """Runtime.self_spec decodes (ar's tokens, batched); Runtime.generate refuses in one line."""
+    from dllm_deploy import Runtime
+    rt = Runtime.load(artifact=str(backends[0]["ort"].folder))
+    spec = rt.self_spec(["upper: ab", "kv"], max_new_tokens=10, beam_width=2)
+    ar = rt.self_spec(["upper: ab", "kv"], strategy="ar", max_new_tokens=10)
+    assert [r["token_ids"] for r in spec] == [r["token_ids"] for r in ar] and len(spec[0]["token_ids"]) == 10
+    assert spec[0]["text"] == rt.tokenizer.decode(spec[0]["token_ids"])
+    with pytest.raises(UserError, match="decodes self-speculatively"):
+        rt.generate("upper: ab")
+    with pytest.raises(UserError, match="unknown self-speculative option"):
+        rt.self_spec("x", threshold=0.5)
+
+
+def test_draft_adapter_folds_into_the_draft_only(tmp_path):
+    """A PEFT LoRA in linear_spec_lora/ (o_proj, as NVIDIA ships it) changes the draft graph
+    exactly as PEFT's merge does, leaves the causal graph the base model, and the decode stays ar's."""
+    peft = pytest.importorskip("peft")
+    from safetensors.torch import load_file, save_file
+
+    from dllm_deploy.export.exporter import export
+    from dllm_deploy.runtime.backends.ort_backend import load_ort
+    ckpt = write_random_checkpoint(tmp_path / "ckpt", RAW, seed=3)
+    base = reference(ckpt)
+    torch.manual_seed(0)
+    adapted = peft.get_peft_model(base, peft.LoraConfig(r=4, lora_alpha=16, target_modules=["o_proj"]))
+    for n, p in adapted.named_parameters():
+        if "lora_" in n:
+            torch.nn.init.normal_(p, 0, 0.3)
+    adapted.save_pretrained(str(tmp_path / "peft"))
+    theirs = {k.replace("base_model.model.model.", "base_model.model.encoder."): v
+              for k, v in load_file(str(tmp_path / "peft" / "adapter_model.safetensors")).items()}
+    (ckpt / "linear_spec_lora").mkdir()
+    save_file(theirs, str(ckpt / "linear_spec_lora" / "adapter_model.safetensors"))
+    (ckpt / "linear_spec_lora" / "adapter_config.json").write_text((tmp_path / "peft" / "adapter_config.json").read_text())
+    export(str(ckpt), tmp_path / "art", log=lambda m: None)
+    manifest = json.loads((tmp_path / "art" / "manifest.json").read_text())
+    assert manifest["draft_adapter"]["scale"] == 4.0 and manifest["draft_adapter"]["weights"] == RAW["num_hidden_layers"]
+    be = load_ort(tmp_path / "art").backend
+    merged = peft.PeftModel.from_pretrained(reference(ckpt), str(tmp_path / "peft")).merge_and_unload().eval()
+    plain = reference(ckpt)
+    ids = np.random.default_rng(0).integers(0, 99, size=(1, 12))
+    pos = np.arange(12)[None]
+    for graph, want, mask in (("verify", merged, np.ones((12, 12), bool)), ("prefill", plain, np.tril(np.ones((12, 12), bool)))):
+        cache = be.new_cache(1, 0)
+        call = be.verify if graph == "verify" else lambda *a: be.prefill(*a, keep=12)
+        top_i, top_p = call(cache, ids, pos, mask[None, None])
+        with torch.no_grad():
+            logits = want(input_ids=torch.as_tensor(ids), attention_mask=torch.as_tensor(mask)[None, None]).logits[0]
+        logits[:, RAW["mask_token_id"]] = -float("inf")
+        probs = torch.softmax(logits.double(), -1)
+        assert (top_i[0, :, 0] == logits.argmax(-1).numpy()).all(), graph
+        assert np.abs(top_p[0, :, 0] - probs.max(-1).values.numpy()).max() < 1e-4, graph
+        if graph == "verify":       # the adapter changes the draft: the base model would choose otherwise
+            with torch.no_grad():
+                other = plain(input_ids=torch.as_tensor(ids), attention_mask=torch.as_tensor(mask)[None, None]).logits[0]
+            assert (other.argmax(-1).numpy() != top_i[0, :, 0]).any()
+    prompts = _prompts(2)
+    cfg = be.config
+    ar = _run(be, cfg, prompts, strategy="ar", max_new_tokens=16)
+    assert _run(be, cfg, prompts, strategy="tree-spec", beam_width=4, max_new_tokens=16).tokens == ar.tokens
