@@ -241,9 +241,13 @@ def _csv(text: str, cast=str) -> list:
 
 
 def _self_speculative(folder: str) -> bool:
-    """The artifact decodes self-speculatively (its capabilities' attention is causal)."""
+    """The artifact decodes self-speculatively (its capabilities' attention is causal); False when
+    its manifest cannot be read (the command's own checks then report why, in their order)."""
     from .artifact import read_manifest
-    return read_manifest(folder).get("capabilities", {}).get("attention") == "causal"
+    try:
+        return read_manifest(folder).get("capabilities", {}).get("attention") == "causal"
+    except UserError:
+        return False
 
 
 def cmd_bench_self_spec(a) -> int:
