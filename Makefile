@@ -4,7 +4,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test train train-core train-phase2 phase2-flags distill clean cpp
+.PHONY: demo test train train-core train-phase2 phase2-flags train-selfspec distill clean cpp
 
 $(STAMP): pyproject.toml constraints-cpu.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -73,6 +73,13 @@ train-phase2: $(STAMP)
 
 phase2-flags:
 	@echo $(PHASE2_FLAGS)
+
+# The tri-mode (self-speculative) tiny model of checkpoints/tiny-selfspec: the bundled tiny dLLM
+# fine-tuned with the joint autoregressive + block-diffusion loss into the Nemotron-Labs-Diffusion
+# layout (docs/training.md, "The self-speculative model"; not part of CI).
+SELFSPEC := checkpoints/tiny-selfspec
+train-selfspec: $(STAMP)
+	$(PY) -m dllm_deploy.models.train_self_spec --out $(SELFSPEC) --steps 1500 --lr 5e-4 --threads 2
 
 # Self-distillation of the bundled model with the best recipe measured on checkpoints/tiny-core
 # (docs/distill.md: in distribution, cross-entropy only; about 28 minutes on 2 cores, 55 CPU-minutes; not part of CI).

@@ -259,9 +259,10 @@ def cmd_bench_self_spec(a) -> int:
         a.n, a.repeats, widths, a.gen_length = 1, 2, [4], min(a.gen_length, 64)
         a.tasks = a.tasks or "upper,count"
     configs = bss.configurations(strategies, widths)
-    bar = _progress(len(configs) * a.repeats, "bench", sys.stderr.isatty() and not a.quiet)
+    precisions = list(dict.fromkeys(["fp32", *_csv(a.precisions)]))
+    bar = _progress(len(configs) * len(precisions) * a.repeats, "bench", sys.stderr.isatty() and not a.quiet)
     res = bss.run(a.artifact, strategies, widths, _csv(a.tasks) if a.tasks else None, n=a.n, repeats=a.repeats,
-                  max_new_tokens=a.gen_length, batch_size=a.batch_size, progress=bar)
+                  max_new_tokens=a.gen_length, batch_size=a.batch_size, progress=bar, precisions=precisions)
     if a.json:
         _write_file(Path(a.json), json.dumps(res, indent=1) + "\n")
     if not a.quiet:

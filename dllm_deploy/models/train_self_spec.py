@@ -159,7 +159,8 @@ def main(argv=None) -> None:
     save_file(tensors, str(tmp), metadata={"format": "pt"})
     tmp.replace(args.out / "model.safetensors")
     (args.out / "config.json").write_text(json.dumps(raw, indent=2) + "\n")
-    meta = {"init_from": str(args.init_from), "steps": args.steps, "batch": args.batch, "lr": args.lr,
+    init = args.init_from.resolve()
+    meta = {"init_from": str(init.relative_to(Path.cwd()) if init.is_relative_to(Path.cwd()) else init), "steps": args.steps, "batch": args.batch, "lr": args.lr,
             "alpha": args.alpha, "block": args.block, "full_share": FULL_SHARE, "seed": args.seed,
             "threads": args.threads, "torch": torch.__version__, "elapsed_s": round(time.time() - t0, 1),
             "command": "python -m dllm_deploy.models.train_self_spec " + " ".join(argv if argv is not None else sys.argv[1:])}
