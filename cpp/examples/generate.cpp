@@ -144,7 +144,7 @@ dllm::SelfSpecConfig self_spec_config(const std::vector<std::pair<std::string, s
     else if (flag == "--gen-length" || flag == "--max-tokens") c.max_new_tokens = at_least_1(flag, v);
     else if (flag == "--temperature") c.temperature = to_float(flag, v);
     else if (flag == "--seed") c.seed = static_cast<uint64_t>(to_int(flag, v));
-    else throw UsageError{flag + " does not apply to a self-speculative model (it reads --strategy, --beam-width, "
+    else throw UsageError{flag + " does not apply to a self-speculative model here (it reads --strategy, --beam-width, "
                           "--block-length, --gen-length, --max-tokens, --temperature, --seed)"};
   }
   return c;

@@ -227,6 +227,7 @@ struct SpecRun {
 
 std::vector<RowResult> Runtime::self_spec(const std::vector<std::string>& prompts, const SelfSpecOptions& o) {
   if (!self_speculative()) user_error("strategy " + quoted(o.strategy) + " decodes self-speculative models only");
+  if (o.strategy == "fastdiffuser") user_error("strategy 'fastdiffuser' (lossy block diffusion) runs in Python only so far");
   if (o.strategy != "ar" && o.strategy != "linear-spec" && o.strategy != "tree-spec")
     user_error("unknown strategy " + quoted(o.strategy) + " for a self-speculative model (one of ar, linear-spec, tree-spec)");
   if (o.beam_width < 1) user_error("beam_width must be >= 1, got " + std::to_string(o.beam_width));

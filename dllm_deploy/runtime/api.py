@@ -167,11 +167,11 @@ class Runtime:
         """A self-speculative model's decode (runtime/self_spec.py; docs/self_speculation.md): one
         dict per prompt (text, token_ids, finish_reason "eos" | "length", tokens_per_round) plus the
         batch's forwards. ``options``: SelfSpecOptions' fields (beam_width, block_size,
-        max_new_tokens, temperature, seed)."""
+        max_new_tokens, temperature, seed, threshold)."""
         from .self_spec import SelfSpecOptions, generate
         if self.backend.capabilities.attention != "causal":
             raise UserError(f"a {self.config.layout} model does not decode self-speculatively")
-        unknown = sorted(set(options) - {"beam_width", "block_size", "max_new_tokens", "temperature", "seed"})
+        unknown = sorted(set(options) - {"beam_width", "block_size", "max_new_tokens", "temperature", "seed", "threshold"})
         if unknown:
             raise UserError(f"unknown self-speculative option(s): {', '.join(unknown)}")
         prompts = [prompts] if isinstance(prompts, str) else list(prompts)

@@ -12,8 +12,12 @@
                  single causal forward (each node attends the prefix and its ancestors); the
                  longest root path whose every token equals its parent's causal prediction is
                  accepted. W 1 is linear-spec.
+    fastdiffuser the block-diffusion mode (lossy; NVIDIA's "FastDiffuser"): the block [seed, MASK x
+                 (L-1)] is denoised by draft forwards, each committing the masked positions whose
+                 confidence reaches ``threshold`` (at least the most confident one), then one causal
+                 forward over the finished block writes its KV and predicts the next seed
 
-Every emitted token is a causal prediction whose whole context is prefix + accepted tokens, so
+For the first three, every emitted token is a causal prediction whose whole context is prefix + accepted tokens, so
 the output is the model's own autoregressive output (greedy, or sampled with the counter-based
 noise of the predicted position: runtime/noise.py, counter (position, 0, request, 0)). Rows of a
 batch run in lock step; each keeps the KV of its accepted path only (the cache columns another
@@ -30,17 +34,19 @@ import numpy as np
 from ..errors import UserError
 from . import noise
 
-STRATEGIES = ("ar", "linear-spec", "tree-spec")
+STRATEGIES = ("ar", "linear-spec", "tree-spec", "fastdiffuser")
+LOSSY = ("fastdiffuser",)            # strategies whose output is not ar's
 
 
 @dataclass
 class SelfSpecOptions:
-    strategy: str = "linear-spec"    # ar | linear-spec | tree-spec
+    strategy: str = "linear-spec"    # ar | linear-spec | tree-spec | fastdiffuser
     block_size: int = 0              # L: the draft block (the seed and L-1 masks); 0: the model's
     beam_width: int = 4              # tree-spec: W draft sequences verified together (1: linear-spec)
     max_new_tokens: int = 64         # tokens per row (the first comes from the prompt's forward)
     temperature: float = 0.0         # 0: greedy; else sampled with counter-based noise (seed, request, position)
     seed: int = 0
+    threshold: float = 0.9           # fastdiffuser: the confidence a masked position commits at
 
     def check(self) -> None:
         if self.strategy not in STRATEGIES:
@@ -54,10 +60,14 @@ class SelfSpecOptions:
             raise UserError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
         if self.temperature < 0:
             raise UserError(f"temperature must be >= 0, got {self.temperature}")
+        if not 0 < self.threshold <= 1:
+            raise UserError(f"threshold must be in (0, 1], got {self.threshold}")
+        if self.strategy == "fastdiffuser" and self.temperature > 0:
+            raise UserError("fastdiffuser decodes greedily (temperature 0)")
 
     def width(self) -> int:
         """W: the draft sequences a round verifies (0 for ar, which drafts nothing)."""
-        return {"ar": 0, "linear-spec": 1}.get(self.strategy, self.beam_width)
+        return {"ar": 0, "linear-spec": 1, "fastdiffuser": 1}.get(self.strategy, self.beam_width)
 
 
 @dataclass
@@ -195,6 +205,9 @@ def generate(backend, prompts: list[list[int]], opts: SelfSpecOptions, mask_id: 
     st.eos, st.pad, st.on_tokens = eos_id, eos_id if pad_id is None else pad_id, on_tokens
     seed = _prefill(st, prompts, res)
     while st.rows:
+        if opts.strategy == "fastdiffuser":
+            seed = _commit_block(st, _diffuse(st, seed, L, res), res)
+            continue
         tries = _draft(st, seed, L, res)
         seed = _verify(st, tries, res)
     res.seconds = time.perf_counter() - t0
@@ -264,6 +277,41 @@ def _verify(st: _Batch, tries: list, res: SelfSpecResult) -> np.ndarray:
         emitted.append([int(x) for x in tr.tokens[p[1:]]] + [int(seed[r])])
         st.next_pos[r] += len(p)
     return _advance(st, res, emitted, seed)
+
+
+def _diffuse(st: _Batch, seed: np.ndarray, L: int, res: SelfSpecResult) -> np.ndarray:
+    """The rows' blocks [seed, MASK x (L-1)] denoised by draft forwards (bidirectional over the
+    prefix, no KV written): each commits a row's masked positions whose top-1 probability reaches
+    the threshold, and at least its most confident one. (B,L) finished blocks."""
+    b = len(st.rows)
+    block = np.full((b, L), st.mask_id, dtype=np.int64)
+    block[:, 0] = seed
+    bpos = st.next_pos[:, None] + np.arange(L)[None]
+    mask = st.mask(np.ones((b, L, L), dtype=bool))
+    while (masked := block == st.mask_id).any():
+        d_ids, d_p = st.backend.verify(st.cache, block, bpos, mask)
+        res.forwards += 1
+        conf = np.where(masked, d_p[:, :, 0], -1.0)
+        take = masked & (conf >= st.opts.threshold)
+        rows = np.flatnonzero(masked.any(axis=1))
+        take[rows, conf[rows].argmax(axis=1)] = True
+        block[take] = d_ids[:, :, 0][take]
+    return block
+
+
+def _commit_block(st: _Batch, block: np.ndarray, res: SelfSpecResult) -> np.ndarray:
+    """One causal forward over the finished blocks: their KV, and each row's next seed. Emits the
+    block after its seed, then the new seed."""
+    b, L = block.shape
+    bpos = st.next_pos[:, None] + np.arange(L)[None]
+    top, _ = st.backend.prefill(st.cache, block, bpos, st.mask(np.broadcast_to(np.tril(np.ones((L, L), bool)), (b, L, L))),
+                                keep=L)
+    res.forwards += 1
+    res.verify_tokens += b * L
+    st.valid = np.concatenate([st.valid, np.ones((b, L), dtype=bool)], axis=1)
+    seed = top[:, -1, 0].astype(np.int64)
+    st.next_pos += L
+    return _advance(st, res, [[int(x) for x in block[r, 1:]] + [int(seed[r])] for r in range(b)], seed)
 
 
 def _advance(st: _Batch, res: SelfSpecResult, emitted: list, seed: np.ndarray, first: bool = False) -> np.ndarray:

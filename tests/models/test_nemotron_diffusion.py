@@ -226,7 +226,7 @@ def test_cli_generate_and_bench(backends, tmp_path, capsys):
     assert main(["generate", "--artifact", art, "--prompt", "upper: ab", "--gen-length", "12", "--stream"]) == 0
     streamed = capsys.readouterr().out
     assert streamed.endswith("\n") and streamed[:-1] == d["text"]       # the rounds' text, then a newline
-    for args, msg in ((["--threshold", "0.5"], "--threshold does not apply to a self-speculative model"),
+    for args, msg in ((["--cache", "dual"], "--cache does not apply to a self-speculative model"),
                       (["--strategy", "spd"], "unknown strategy 'spd' for a self-speculative model"),
                       (["--gen-length", "400"], "exceeds the model's max_seq 256")):
         assert main(["generate", "--artifact", art, "--prompt", "upper: ab", *args]) == 2
@@ -235,8 +235,8 @@ def test_cli_generate_and_bench(backends, tmp_path, capsys):
     out = tmp_path / "bench.json"
     assert main(["bench", "--artifact", art, "--quick", "--quiet", "--json", str(out)]) == 0
     res = json.loads(out.read_text())
-    assert [r["label"] for r in res["runs"]] == ["ar", "linear-spec", "tree-spec W4"]
-    assert res["lossless"] and all(r["identical_to_ar"] for r in res["runs"])
+    assert [r["label"] for r in res["runs"]] == ["ar", "linear-spec", "tree-spec W4", "fastdiffuser"]
+    assert res["lossless"] and all(r["identical_to_ar"] for r in res["runs"] if r["strategy"] != "fastdiffuser")
     assert res["runs"][0]["tpf"] == 1.0 and res["runs"][1]["forwards"] > res["runs"][0]["forwards"] / 2
 
 
@@ -251,7 +251,7 @@ def test_runtime_api(backends):
     with pytest.raises(UserError, match="decodes self-speculatively"):
         rt.generate("upper: ab")
     with pytest.raises(UserError, match="unknown self-speculative option"):
-        rt.self_spec("x", threshold=0.5)
+        rt.self_spec("x", cache="dual")
 
 
 def test_draft_adapter_folds_into_the_draft_only(tmp_path):
@@ -301,3 +301,53 @@ def test_draft_adapter_folds_into_the_draft_only(tmp_path):
     cfg = be.config
     ar = _run(be, cfg, prompts, strategy="ar", max_new_tokens=16)
     assert _run(be, cfg, prompts, strategy="tree-spec", beam_width=4, max_new_tokens=16).tokens == ar.tokens
+
+
+def _fastdiffuser_reference(ref, prompt, n, L, tau, mask_id, eos):
+    """The block-diffusion mode written from its description (the facts sheet, §3) over
+    transformers' model, recomputing every forward from the tokens: a causal forward gives the
+    seed; each block [seed, MASK x (L-1)] attends the prefix and itself both ways and commits the
+    masked positions whose probability reaches tau (at least the most confident one); the finished
+    block's causal forward gives the next seed."""
+    def logits(tokens, block):
+        p = len(tokens) - block
+        m = torch.ones(len(tokens), len(tokens), dtype=torch.bool).tril()
+        m[p:, p:] = True
+        with torch.no_grad():
+            z = ref(input_ids=torch.tensor([tokens]), attention_mask=m[None, None]).logits[0]
+        z[:, mask_id] = -float("inf")
+        return torch.softmax(z.double(), -1)
+    out = [int(logits(prompt, 0)[-1].argmax())]
+    while len(out) < n and eos not in out:
+        block = [out[-1]] + [mask_id] * (L - 1)
+        while mask_id in block:
+            probs = logits(prompt + out[:-1] + block, L)[-L:]
+            conf, top = probs.max(-1)
+            masked = [i for i in range(L) if block[i] == mask_id]
+            best = max(masked, key=lambda i: float(conf[i]))
+            for i in masked:
+                if i == best or conf[i] >= tau:
+                    block[i] = int(top[i])
+        causal = logits(prompt + out[:-1] + block, 0)
+        out += block[1:] + [int(causal[-1].argmax())]
+    out = out[:out.index(eos)] if eos in out else out
+    return out[:n]
+
+
+def test_fastdiffuser_follows_the_block_diffusion_rule(backends):
+    """fastdiffuser (lossy) gives the tokens of the rule run over transformers' model, batch 1 and
+    inside a batch of 4; at threshold 1 every draft commits one token (L forwards a block)."""
+    bes, cfg, folder = backends
+    ref = reference(folder)
+    prompts = _prompts(3)
+    for tau in (0.3, 1.0):
+        want = [_fastdiffuser_reference(ref, p, 20, cfg.block_size, tau, cfg.mask_token_id, cfg.eos_token_id)
+                for p in prompts]
+        for be in bes.values():
+            res = _run(be, cfg, prompts, strategy="fastdiffuser", threshold=tau, max_new_tokens=20)
+            assert res.tokens == want, tau
+    one = _run(bes["ort"], cfg, prompts[:1], strategy="fastdiffuser", threshold=1.0, max_new_tokens=20)
+    blocks = len(one.accepted[0])
+    assert one.forwards == 1 + blocks * cfg.block_size      # L-1 drafts and a causal forward per block
+    with pytest.raises(UserError, match="greedily"):
+        _run(bes["ort"], cfg, prompts, strategy="fastdiffuser", temperature=0.5)
