@@ -134,6 +134,17 @@ float to_float(const std::string& flag, const std::string& v) {
   return x;
 }
 
+// Whether DIR/manifest.json records a self-speculative model (capabilities.attention "causal"); false
+// when it cannot be read (the runtime's load then says why).
+bool self_speculative_manifest(const std::string& dir) {
+  std::ifstream in(dir + "/manifest.json", std::ios::binary);
+  if (!in) return false;
+  const nlohmann::json m = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
+  if (!m.is_object() || !m.contains("capabilities") || !m["capabilities"].is_object()) return false;
+  const nlohmann::json& c = m["capabilities"];
+  return c.contains("attention") && c["attention"].is_string() && c["attention"].get<std::string>() == "causal";
+}
+
 // The decode flags a self-speculative model reads (docs/self_speculation.md) into its config.
 dllm::SelfSpecConfig self_spec_config(const std::vector<std::pair<std::string, std::string>>& flags) {
   dllm::SelfSpecConfig c;
@@ -152,8 +163,7 @@ dllm::SelfSpecConfig self_spec_config(const std::vector<std::pair<std::string, s
 
 // A self-speculative model's prompts, batch after batch (its own strategies: ar, linear-spec, tree-spec).
 int run_self_spec(dllm::Runtime& rt, const std::vector<std::string>& prompts, size_t batch_size, bool json,
-                  const std::vector<std::pair<std::string, std::string>>& flags) {
-  const dllm::SelfSpecConfig c = self_spec_config(flags);
+                  const dllm::SelfSpecConfig& c) {
   for (size_t first = 0; first < prompts.size(); first += batch_size) {
     const std::vector<std::string> batch(prompts.begin() + static_cast<long>(first),
                                          prompts.begin() + static_cast<long>(std::min(first + batch_size, prompts.size())));
@@ -178,7 +188,7 @@ int run(int argc, char** argv) {
   size_t batch_size = 1;
   dllm::RuntimeOptions ropt;
   ropt.warnings_to_stderr = false;  // printed below with this program's prefix
-  std::vector<std::pair<std::string, std::string>> decode_flags;  // read once the model is known
+  std::vector<std::pair<std::string, std::string>> decode_flags;  // checked once the model's kind is known
   for (int i = 1; i < argc; ++i) {
     const std::string flag = argv[i];
     if (flag == "-h" || flag == "--help") {
@@ -215,14 +225,18 @@ int run(int argc, char** argv) {
   if (stream && !json && batch_size > 1)
     throw UsageError{"--stream prints one prompt's text as it comes: use --batch-size 1, or add --json"};
 
+  // the decode flags are checked before the artifact loads: a self-speculative model's own, or the options'
+  const bool self_spec = self_speculative_manifest(artifact);
+  dllm::Options cfg;
+  dllm::SelfSpecConfig spec_cfg;
+  if (self_spec) spec_cfg = self_spec_config(decode_flags);
+  else
+    for (const auto& [flag, v] : decode_flags) set_option(cfg, option_of(flag), flag, v);
+  if (self_spec && stream) throw UsageError{"--stream: a self-speculative model's results come whole (no --stream yet)"};
   std::vector<std::string> prompts = have_prompt ? std::vector<std::string>{prompt} : read_prompts(prompts_file);
   dllm::Runtime rt(artifact, ropt);
-  if (rt.self_speculative()) {
-    if (stream) throw UsageError{"--stream: a self-speculative model's results come whole (no --stream yet)"};
-    return run_self_spec(rt, prompts, batch_size, json, decode_flags);
-  }
-  dllm::Options cfg;
-  for (const auto& [flag, v] : decode_flags) set_option(cfg, option_of(flag), flag, v);
+  if (rt.self_speculative() != self_spec) throw dllm::Error(DLLM_ERROR_INVALID_ARGUMENT, artifact + ": the manifest changed while loading");
+  if (self_spec) return run_self_spec(rt, prompts, batch_size, json, spec_cfg);
   // --stream: each chunk as it comes (its JSON line, or its delta)
   const dllm::ChunkCallback print_chunk = [json](const dllm::Chunk& c) {
     std::cout << (json ? c.json + "\n" : c.delta) << std::flush;

@@ -314,18 +314,8 @@ const float* OrtBackend::top_probs() const { return impl_->top_p.data(); }
 void OrtBackend::prefill(size_t t, size_t keep) {
   Impl& s = *impl_;
   const size_t P = s.cache_len, total = P + t, end = P + keep;
-  if (t > s.cap_tokens || P > s.cap_past || end > s.cap_past || total > s.cap_present)
-    fail(DLLM_ERROR_INTERNAL, "prefill larger than the reserved buffers");
-  s.add_inputs(t);
-  s.add_top_outputs(t);
-  s.present_shapes.resize(s.present.size());
-  for (size_t i = 0; i < s.present.size(); ++i) {
-    s.present_shapes[i] = {static_cast<int64_t>(s.rows), s.hkv[i], static_cast<int64_t>(total), s.d[i]};
-    const size_t row = static_cast<size_t>(s.hkv[i] * s.d[i]);
-    s.out_values.push_back(Ort::Value::CreateTensor(s.mem, s.present[i].data(), s.rows * row * total * sizeof(float),
-                                                    s.present_shapes[i].data(), 4, ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT));
-  }
-  s.run(s.prefill, s.prefill_in, s.prefill_out, run_seconds);
+  if (end > s.cap_past) fail(DLLM_ERROR_INTERNAL, "prefill larger than the reserved buffers");
+  prefill_run(t);
   // cache <- present[:, :, :end] per layer, (B, Hkv, end, D) contiguous
   for (size_t b = 0; b < s.past.size(); ++b) {
     const size_t d = static_cast<size_t>(s.d[b]), heads = s.rows * static_cast<size_t>(s.hkv[b]);
@@ -333,6 +323,7 @@ void OrtBackend::prefill(size_t t, size_t keep) {
       std::memcpy(s.past[b].data() + h * end * d, s.present[b].data() + h * total * d, end * d * sizeof(float));
   }
   s.cache_len = end;
+  s.pending = 0;
 }
 
 void OrtBackend::prefill_run(size_t t) {
