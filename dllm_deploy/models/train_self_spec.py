@@ -2,7 +2,7 @@
 decodes autoregressively and drafts blocks by diffusion, as Nemotron-Labs-Diffusion is trained
 (joint loss L_AR + alpha * L_diff on the same weights), in that family's layout.
 
-    python -m dllm_deploy.models.train_self_spec --out checkpoints/tiny-selfspec --steps 2500
+    python -m dllm_deploy.models.train_self_spec --out checkpoints/tiny-selfspec     # make train-selfspec
 
 Each training row is ``[clean | noisy]`` over one sequence (prompt, answer, EOS):
 - the clean copy attends causally; its logit i is scored against token i+1 over the answer (the
@@ -102,9 +102,9 @@ def main(argv=None) -> None:
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--init-from", type=Path, default=Path(__file__).parent / "tiny",
                     help="the block-diffusion checkpoint to start from (default: the bundled tiny model)")
-    ap.add_argument("--steps", type=int, default=2500)
+    ap.add_argument("--steps", type=int, default=1500)
     ap.add_argument("--batch", type=int, default=8)
-    ap.add_argument("--lr", type=float, default=3e-4)
+    ap.add_argument("--lr", type=float, default=5e-4)
     ap.add_argument("--warmup", type=int, default=50)
     ap.add_argument("--alpha", type=float, default=1.0, help="weight of the diffusion loss")
     ap.add_argument("--block", type=int, default=BLOCK)
