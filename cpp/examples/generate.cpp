@@ -1,7 +1,7 @@
 // dllm-generate: decode prompts from an exported artifact with the C++ runtime.
 //
 //   dllm-generate --artifact DIR --prompt TEXT [--strategy vanilla|threshold|spd] [--json] ...
-//   (a self-speculative model's artifact: --strategy ar|linear-spec|tree-spec, docs/self_speculation.md)
+//   (a self-speculative model's artifact: --strategy ar|linear-spec|tree-spec|fastdiffuser, docs/self_speculation.md)
 //   dllm-generate --artifact DIR --prompts-file FILE --json      # one JSON object per line
 //   dllm-generate --artifact DIR --prompts-file FILE --batch-size 4 --json   # 4 prompts per batch
 //
@@ -155,8 +155,9 @@ dllm::SelfSpecConfig self_spec_config(const std::vector<std::pair<std::string, s
     else if (flag == "--gen-length" || flag == "--max-tokens") c.max_new_tokens = at_least_1(flag, v);
     else if (flag == "--temperature") c.temperature = to_float(flag, v);
     else if (flag == "--seed") c.seed = static_cast<uint64_t>(to_int(flag, v));
-    else throw UsageError{flag + " does not apply to a self-speculative model here (it reads --strategy, --beam-width, "
-                          "--block-length, --gen-length, --max-tokens, --temperature, --seed)"};
+    else if (flag == "--threshold") c.threshold = to_float(flag, v);
+    else throw UsageError{flag + " does not apply to a self-speculative model (it reads --strategy, --beam-width, "
+                          "--block-length, --gen-length, --max-tokens, --temperature, --seed, --threshold)"};
   }
   return c;
 }

@@ -335,6 +335,7 @@ void dllm_self_spec_config_init(dllm_self_spec_config* cfg) {
   cfg->max_new_tokens = d.max_new_tokens;
   cfg->temperature = d.temperature;
   cfg->seed = d.seed;
+  cfg->threshold = d.threshold;
 }
 
 int32_t dllm_runtime_self_speculative(const dllm_runtime* rt) {
@@ -354,7 +355,7 @@ dllm_error* dllm_self_spec_generate(dllm_runtime* rt, const char* const* prompts
     if (cfg) {
       o.strategy = or_default(cfg->strategy, "tree-spec");
       o.beam_width = cfg->beam_width, o.block_size = cfg->block_size, o.max_new_tokens = cfg->max_new_tokens;
-      o.temperature = cfg->temperature, o.seed = cfg->seed;
+      o.temperature = cfg->temperature, o.seed = cfg->seed, o.threshold = cfg->threshold;
     }
     std::vector<std::string> texts;
     for (size_t i = 0; i < n; ++i) {

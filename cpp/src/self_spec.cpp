@@ -181,6 +181,59 @@ struct SpecRun {
     return tries;
   }
 
+  // fastdiffuser: the rows' blocks [seed, MASK x (L-1)] denoised by draft forwards (self_spec.py::_diffuse)
+  std::vector<int64_t> diffuse() {
+    std::vector<int64_t> block(B() * L, mask_id), pos(B() * L);
+    for (size_t r = 0; r < B(); ++r) {
+      block[r * L] = seed[r];
+      for (size_t i = 0; i < L; ++i) pos[r * L + i] = next_pos[r] + static_cast<int64_t>(i);
+    }
+    const std::vector<uint8_t> both(B() * L * L, 1);
+    for (bool masked = true; masked;) {
+      feed(L, block, pos, both, false);
+      be.verify(L);
+      masked = false;
+      for (size_t r = 0; r < B(); ++r) {
+        const int64_t* ids = be.top_ids() + r * L * K;
+        const float* probs = be.top_probs() + r * L * K;
+        size_t best = L;
+        for (size_t i = 0; i < L; ++i)   // the first most confident masked position (numpy's argmax)
+          if (block[r * L + i] == mask_id && (best == L || probs[i * K] > probs[best * K])) best = i;
+        if (best == L) continue;
+        out[rows[r]].forwards += 1;
+        std::vector<size_t> take{best};
+        for (size_t i = 0; i < L; ++i)
+          if (i != best && block[r * L + i] == mask_id && static_cast<double>(probs[i * K]) >= o.threshold) take.push_back(i);
+        for (size_t i : take) block[r * L + i] = ids[i * K];
+        for (size_t i = 0; i < L && !masked; ++i) masked = block[r * L + i] == mask_id;
+      }
+    }
+    return block;
+  }
+
+  // fastdiffuser: one causal forward over the finished blocks: their KV and the next seeds (_commit_block)
+  void commit_block(const std::vector<int64_t>& block) {
+    std::vector<int64_t> pos(B() * L);
+    std::vector<uint8_t> causal(B() * L * L, 0);
+    for (size_t r = 0; r < B(); ++r)
+      for (size_t i = 0; i < L; ++i) {
+        pos[r * L + i] = next_pos[r] + static_cast<int64_t>(i);
+        for (size_t j = 0; j <= i; ++j) causal[(r * L + i) * L + j] = 1;
+      }
+    feed(L, block, pos, causal);
+    be.prefill(L, L);
+    std::vector<std::vector<int64_t>> emitted(B());
+    for (size_t r = 0; r < B(); ++r) {
+      out[rows[r]].forwards += 1;
+      valid[r].insert(valid[r].end(), L, 1);
+      seed[r] = be.top_ids()[(r * L + L - 1) * K];
+      emitted[r].assign(block.begin() + static_cast<long>(r * L + 1), block.begin() + static_cast<long>((r + 1) * L));
+      emitted[r].push_back(seed[r]);
+      next_pos[r] += static_cast<int64_t>(L);
+    }
+    advance(emitted, false);
+  }
+
   void verify(const std::vector<Trie>& tries) {
     size_t T = 0;
     for (const Trie& t : tries) T = std::max(T, t.tokens.size());
@@ -227,9 +280,12 @@ struct SpecRun {
 
 std::vector<RowResult> Runtime::self_spec(const std::vector<std::string>& prompts, const SelfSpecOptions& o) {
   if (!self_speculative()) user_error("strategy " + quoted(o.strategy) + " decodes self-speculative models only");
-  if (o.strategy == "fastdiffuser") user_error("strategy 'fastdiffuser' (lossy block diffusion) runs in Python only so far");
-  if (o.strategy != "ar" && o.strategy != "linear-spec" && o.strategy != "tree-spec")
-    user_error("unknown strategy " + quoted(o.strategy) + " for a self-speculative model (one of ar, linear-spec, tree-spec)");
+  const bool diffusion = o.strategy == "fastdiffuser";
+  if (o.strategy != "ar" && o.strategy != "linear-spec" && o.strategy != "tree-spec" && !diffusion)
+    user_error("unknown strategy " + quoted(o.strategy) +
+               " for a self-speculative model (one of ar, linear-spec, tree-spec, fastdiffuser)");
+  if (!(o.threshold > 0 && o.threshold <= 1)) user_error("threshold must be in (0, 1], got " + std::to_string(o.threshold));
+  if (diffusion && o.temperature > 0) user_error("fastdiffuser decodes greedily (temperature 0)");
   if (o.beam_width < 1) user_error("beam_width must be >= 1, got " + std::to_string(o.beam_width));
   if (o.block_size < 0 || o.block_size == 1) user_error("block_size must be >= 2 (or 0: the model's), got " + std::to_string(o.block_size));
   if (o.max_new_tokens < 1) user_error("max_new_tokens must be >= 1, got " + std::to_string(o.max_new_tokens));
@@ -246,7 +302,7 @@ std::vector<RowResult> Runtime::self_spec(const std::vector<std::string>& prompt
                  std::to_string(o.max_new_tokens) + " + a block of " + std::to_string(L) + " exceeds the model's max_seq " +
                  std::to_string(mc.max_seq));
   }
-  const size_t width = o.strategy == "ar" ? 0 : o.strategy == "linear-spec" ? 1 : static_cast<size_t>(o.beam_width);
+  const size_t width = o.strategy == "ar" ? 0 : o.strategy == "tree-spec" ? static_cast<size_t>(o.beam_width) : 1;
   std::vector<RowResult> out(prompts.size());
   for (RowResult& r : out) r.finish_reason = "length", r.accepted_hist.assign(1, 0);
   const double backend0 = backend_->run_seconds;
@@ -258,7 +314,10 @@ std::vector<RowResult> Runtime::self_spec(const std::vector<std::string>& prompt
               std::vector<int64_t>(prompts.size()), out, {}};
   for (size_t i = 0; i < prompts.size(); ++i) run.rows.push_back(i);
   run.prefill(encoded);
-  while (run.B()) run.verify(run.draft());
+  while (run.B()) {
+    if (diffusion) run.commit_block(run.diffuse());
+    else run.verify(run.draft());
+  }
   const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   for (RowResult& r : out) {
     r.text = tokenizer_->decode(r.token_ids);

@@ -7,6 +7,9 @@
 //     linear-spec  draft, verify the drafted chain, accept the longest matching prefix + the bonus
 //     tree-spec    verify the trie of the W best draft sequences (top-K per position) in the same
 //                  one causal forward; accept the longest matching root path + the bonus
+//     fastdiffuser the block-diffusion mode (lossy): draft forwards commit the masked positions
+//                  whose confidence reaches the threshold (at least the most confident one), then
+//                  one causal forward over the finished block writes its KV and gives the next seed
 // Rows run in lock step; each keeps the KV of its accepted path only (cache columns another row
 // accepted are masked out for it). Sampling: each causal prediction at position p draws with the
 // uniform of (seed, request = the row's index, p, step 0).
@@ -21,12 +24,13 @@
 namespace dllm::detail {
 
 struct SelfSpecOptions {
-  std::string strategy = "tree-spec";  // ar | linear-spec | tree-spec
+  std::string strategy = "tree-spec";  // ar | linear-spec | tree-spec | fastdiffuser
   int beam_width = 4;                  // tree-spec: W draft sequences verified together
   int block_size = 0;                  // L; 0: the model's
   int max_new_tokens = 64;
   float temperature = 0.0f;            // 0: greedy
   uint64_t seed = 0;
+  double threshold = 0.9;              // fastdiffuser: the confidence a masked position commits at
 };
 
 // The verification tree of one row: node 0 the seed; parent[i] < i; depth[i] its offset after the seed.

@@ -1,6 +1,6 @@
 """The C++ self-speculative decoder (cpp/src/self_spec.cpp) against Python's (runtime/self_spec.py):
-the same tokens and the same tokens per round, row by row, for ar, linear-spec and tree-spec,
-greedy and sampled, batch 4 with different prompt lengths (a random Nemotron-Labs-Diffusion
+the same tokens and the same tokens per round, row by row, for ar, linear-spec, tree-spec (greedy
+and sampled) and fastdiffuser, batch 4 with different prompt lengths (a random Nemotron-Labs-Diffusion
 checkpoint, its ONNX Runtime artifact)."""
 from __future__ import annotations
 
@@ -18,7 +18,9 @@ PROMPTS = ["upper: ab", "count: 1 2 3\n", "reverse: a b c d e f", "kv"]
 CASES = {"ar": {"strategy": "ar"}, "linear-spec": {"strategy": "linear-spec"},
          "tree-spec-2": {"strategy": "tree-spec", "beam_width": 2}, "tree-spec-4": {"strategy": "tree-spec", "beam_width": 4},
          "tree-spec-sampled": {"strategy": "tree-spec", "beam_width": 4, "temperature": 0.9, "seed": 5},
-         "ar-sampled": {"strategy": "ar", "temperature": 0.9, "seed": 5}}
+         "ar-sampled": {"strategy": "ar", "temperature": 0.9, "seed": 5},
+         "fastdiffuser": {"strategy": "fastdiffuser", "threshold": 0.3},
+         "fastdiffuser-1": {"strategy": "fastdiffuser", "threshold": 1.0}}
 
 
 @pytest.fixture(scope="module")
@@ -60,8 +62,8 @@ def test_cpp_equals_python(cpp_build, artifact, python_runs, case, tmp_path):
 
 
 def test_cpp_refuses_masked_options(cpp_build, artifact):
-    r = run_generate(cpp_build, "--artifact", str(artifact), "--prompt", "x", "--threshold", "0.5")
-    assert r.returncode == 2 and "--threshold does not apply to a self-speculative model" in r.stderr
+    r = run_generate(cpp_build, "--artifact", str(artifact), "--prompt", "x", "--cache", "dual")
+    assert r.returncode == 2 and "--cache does not apply to a self-speculative model" in r.stderr
     assert r.stderr.count("\n") == 1
     r = run_generate(cpp_build, "--artifact", str(artifact), "--prompt", "x", "--strategy", "spd")
     assert r.returncode == 2 and "unknown strategy 'spd' for a self-speculative model" in r.stderr

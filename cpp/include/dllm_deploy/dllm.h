@@ -220,12 +220,13 @@ DLLM_API dllm_error* dllm_generate_batch(dllm_runtime* rt, const char* const* pr
 
 typedef struct dllm_self_spec_config {
   uint32_t struct_size;    /* sizeof(dllm_self_spec_config), set by dllm_self_spec_config_init */
-  const char* strategy;    /* "ar" | "linear-spec" | "tree-spec" (default) */
+  const char* strategy;    /* "ar" | "linear-spec" | "tree-spec" (default) | "fastdiffuser" (lossy) */
   int32_t beam_width;      /* tree-spec: W draft sequences verified per round (4) */
   int32_t block_size;      /* L: the draft block; 0 (default): the model's */
   int32_t max_new_tokens;  /* tokens per prompt (64) */
   float temperature;       /* 0 (default): greedy; else sampled with the seed's counter-based noise */
   uint64_t seed;           /* the sampler's key (0) */
+  double threshold;        /* fastdiffuser: the confidence a masked position commits at (0.9) */
 } dllm_self_spec_config;
 
 DLLM_API void dllm_self_spec_config_init(dllm_self_spec_config* cfg);

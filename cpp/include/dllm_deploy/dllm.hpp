@@ -175,12 +175,13 @@ class Result {
 
 // dllm_self_spec_config as a value type (its defaults).
 struct SelfSpecConfig {
-  std::string strategy = "tree-spec";  // ar | linear-spec | tree-spec
+  std::string strategy = "tree-spec";  // ar | linear-spec | tree-spec | fastdiffuser
   int beam_width = 4;
   int block_size = 0;                  // 0: the model's
   int max_new_tokens = 64;
   float temperature = 0.0f;
   uint64_t seed = 0;
+  double threshold = 0.9;              // fastdiffuser
 };
 
 class Runtime {
@@ -252,7 +253,7 @@ class Runtime {
     dllm_self_spec_config_init(&c);
     c.strategy = config.strategy.c_str();
     c.beam_width = config.beam_width, c.block_size = config.block_size, c.max_new_tokens = config.max_new_tokens;
-    c.temperature = config.temperature, c.seed = config.seed;
+    c.temperature = config.temperature, c.seed = config.seed, c.threshold = config.threshold;
     std::vector<const char*> texts;
     for (const std::string& p : prompts) texts.push_back(p.c_str());
     std::vector<dllm_result*> raw(prompts.size(), nullptr);
