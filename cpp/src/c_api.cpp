@@ -93,6 +93,17 @@ const char* default_text(const char* name) {
   return "";
 }
 
+// The rows' results into out[0..rows) (each owned by the caller), or none when one cannot be made.
+void deliver(std::vector<dllm::detail::RowResult> rows, dllm_result** out) {
+  std::vector<std::unique_ptr<dllm_result>> results;
+  for (dllm::detail::RowResult& row : rows) {
+    results.push_back(std::make_unique<dllm_result>());
+    results.back()->json = row.to_json();
+    results.back()->row = std::move(row);
+  }
+  for (size_t i = 0; i < results.size(); ++i) out[i] = results[i].release();
+}
+
 // n prompts decoded as one batch into out[0..n) (all NULL on failure).
 dllm_error* generate_with(dllm_runtime* rt, const char* const* prompts, size_t n, const dllm::detail::DecodeOptions& d,
                           dllm_result** out, const dllm::detail::ChunkSink& sink = dllm::detail::ChunkSink()) {
@@ -106,13 +117,7 @@ dllm_error* generate_with(dllm_runtime* rt, const char* const* prompts, size_t n
       if (!prompts[i]) dllm::detail::user_error("dllm_runtime_generate: prompt " + std::to_string(i) + " is NULL");
       texts.emplace_back(prompts[i]);
     }
-    std::vector<std::unique_ptr<dllm_result>> results;
-    for (dllm::detail::RowResult& row : rt->runtime->generate(texts, d, sink)) {
-      results.push_back(std::make_unique<dllm_result>());
-      results.back()->json = row.to_json();
-      results.back()->row = std::move(row);
-    }
-    for (size_t i = 0; i < n; ++i) out[i] = results[i].release();
+    deliver(rt->runtime->generate(texts, d, sink), out);
   });
 }
 
@@ -362,13 +367,7 @@ dllm_error* dllm_self_spec_generate(dllm_runtime* rt, const char* const* prompts
       if (!prompts[i]) dllm::detail::user_error("dllm_self_spec_generate: prompt " + std::to_string(i) + " is NULL");
       texts.emplace_back(prompts[i]);
     }
-    std::vector<std::unique_ptr<dllm_result>> results;
-    for (dllm::detail::RowResult& row : rt->runtime->self_spec(texts, o)) {
-      results.push_back(std::make_unique<dllm_result>());
-      results.back()->json = row.to_json();
-      results.back()->row = std::move(row);
-    }
-    for (size_t i = 0; i < n; ++i) out[i] = results[i].release();
+    deliver(rt->runtime->self_spec(texts, o), out);
   });
 }
 
