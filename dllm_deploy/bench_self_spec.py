@@ -15,7 +15,7 @@ import statistics
 import time
 
 from .errors import UserError
-from .runtime.self_spec import LOSSY, STRATEGIES, SelfSpecOptions, generate
+from .runtime.self_spec import LOSSY, STRATEGIES, SelfSpecOptions, generate, mean_round
 
 DEFAULT_STRATEGIES = ("ar", "linear-spec", "tree-spec", "fastdiffuser")
 
@@ -93,7 +93,7 @@ def run(artifact: str, strategies=DEFAULT_STRATEGIES, widths=(2, 4, 8), families
             "label": label(strategy, width) + ("" if precision == "fp32" else f" {precision}"),
             "strategy": strategy, "beam_width": width, "precision": precision,
             "tokens": tokens, "forwards": forwards, "tpf": round(tokens / forwards, 3),
-            "rounds": len(rounds), "tokens_per_round": round(tokens_per_round(rounds), 3),
+            "rounds": len(rounds), "tokens_per_round": round(mean_round(rounds), 3),
             "verified_per_round": round(verified / len(rounds), 2) if rounds else 0.0,
             "seconds_median": round(seconds, 4), "tokens_per_s": round(tokens / seconds, 1),
             "exact_match": round(sum(tasks.score(e, o) for e, o in zip(examples, outputs)) / len(examples), 3),
@@ -113,10 +113,6 @@ def run(artifact: str, strategies=DEFAULT_STRATEGIES, widths=(2, 4, 8), families
             "precisions": list(precisions), "machine": machine_facts(), "versions": versions(), "runs": out,
             "lossless": all(r["identical_to_ar"] is not False for r in out
                             if r["precision"] not in CALL_DEPENDENT and r["strategy"] not in LOSSY)}
-
-
-def tokens_per_round(rounds: list[int]) -> float:
-    return sum(rounds) / len(rounds) if rounds else 0.0
 
 
 def table(res: dict) -> str:

@@ -121,7 +121,8 @@ def cmd_generate(a) -> int:
 SELF_SPEC_OPTIONS = {"strategy": "strategy", "beam_width": "beam_width", "block_length": "block_size",
                      "gen_length": "max_new_tokens", "max_tokens": "max_new_tokens", "temperature": "temperature",
                      "seed": "seed", "threshold": "threshold"}
-SELF_SPEC_DEFAULT = "tree-spec"     # the fastest lossless strategy measured (docs/self_speculation.md)
+SELF_SPEC_DEFAULT = "tree-spec"     # never fewer tokens per round than linear-spec (it holds its chain); on a
+                                    # CPU linear-spec is the faster of the two (docs/self_speculation.md)
 
 
 def _generate_self_spec(a, prompts: list[str]) -> int:
@@ -154,12 +155,7 @@ def _generate_self_spec(a, prompts: list[str]) -> int:
             sys.stdout.flush()
     res = generate(be, [tok.encode(p) for p in prompts], opts, c.mask_token_id, c.eos_token_id, c.block_size,
                    max_seq=c.max_seq, on_tokens=on_tokens)
-    rows = []
-    for r, toks in enumerate(res.tokens):
-        rows.append({"text": tok.decode(toks), "token_ids": toks, "tokens": len(toks),
-                     "finish_reason": "stop" if res.stop[r] == "eos" else "length",
-                     "rounds": len(res.accepted[r]),
-                     "tokens_per_round": round(sum(res.accepted[r]) / len(res.accepted[r]), 3) if res.accepted[r] else 0.0})
+    rows = res.rows(tok.decode)
     total = sum(r["tokens"] for r in rows)
     summary = {"strategy": opts.strategy, "beam_width": opts.width(), "forwards": res.forwards,
                "tpf": round(total / res.forwards, 3), "tokens_per_s": round(total / res.seconds, 1), "backend": be.name}
@@ -254,7 +250,7 @@ def cmd_bench_self_spec(a) -> int:
     """bench of a self-speculative artifact: ar, linear-spec, tree-spec at each W (bench_self_spec.py)."""
     from . import bench_self_spec as bss
     strategies = bss.DEFAULT_STRATEGIES if a.strategies == BENCH_STRATEGIES else _csv(a.strategies)
-    widths = [w for w in _csv(a.beam_widths, int)]
+    widths = _csv(a.beam_widths, int)
     if a.quick:
         a.n, a.repeats, widths, a.gen_length = 1, 2, [4], min(a.gen_length, 64)
         a.tasks = a.tasks or "upper,count"

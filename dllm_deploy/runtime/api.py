@@ -165,7 +165,7 @@ class Runtime:
 
     def self_spec(self, prompts: str | list[str], strategy: str = "tree-spec", **options) -> list[dict]:
         """A self-speculative model's decode (runtime/self_spec.py; docs/self_speculation.md): one
-        dict per prompt (text, token_ids, finish_reason "eos" | "length", tokens_per_round) plus the
+        dict per prompt (SelfSpecResult.rows: text, token_ids, tokens, finish_reason, rounds, tokens_per_round) plus the
         batch's forwards. ``options``: SelfSpecOptions' fields (beam_width, block_size,
         max_new_tokens, temperature, seed, threshold)."""
         from .self_spec import SelfSpecOptions, generate
@@ -178,9 +178,7 @@ class Runtime:
         c = self.config
         res = generate(self.backend, [self.tokenizer.encode(p) for p in prompts], SelfSpecOptions(strategy=strategy, **options),
                        c.mask_token_id, c.eos_token_id, c.block_size, max_seq=c.max_seq)
-        return [{"text": self.tokenizer.decode(t), "token_ids": t, "finish_reason": "stop" if res.stop[r] == "eos" else "length",
-                 "tokens_per_round": sum(res.accepted[r]) / len(res.accepted[r]) if res.accepted[r] else 0.0,
-                 "forwards": res.forwards} for r, t in enumerate(res.tokens)]
+        return [{**row, "forwards": res.forwards} for row in res.rows(self.tokenizer.decode)]
 
     def chat_prompt(self, messages: list[dict], add_generation_prompt: bool = True) -> str:
         """The prompt text of chat ``messages`` ([{"role": "user", "content": "..."}]) under the

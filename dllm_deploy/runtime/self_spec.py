@@ -80,8 +80,19 @@ class SelfSpecResult:
     seconds: float = 0.0
 
     def tokens_per_round(self) -> float:
-        rounds = [a for row in self.accepted for a in row]
-        return float(np.mean(rounds)) if rounds else 0.0
+        return mean_round([a for row in self.accepted for a in row])
+
+    def rows(self, decode) -> list[dict]:
+        """One dict per row (``decode``: the tokenizer's ids -> text): text, token_ids, tokens,
+        finish_reason ("stop": EOS, "length"), rounds, tokens_per_round."""
+        return [{"text": decode(t), "token_ids": t, "tokens": len(t),
+                 "finish_reason": "stop" if self.stop[r] == "eos" else "length", "rounds": len(self.accepted[r]),
+                 "tokens_per_round": round(mean_round(self.accepted[r]), 3)} for r, t in enumerate(self.tokens)]
+
+
+def mean_round(rounds: list[int]) -> float:
+    """Tokens emitted per round, on average (0 with no round)."""
+    return sum(rounds) / len(rounds) if rounds else 0.0
 
 
 @dataclass
@@ -148,15 +159,14 @@ class _Batch:
     """The rows being decoded and their cache bookkeeping: ``valid`` (B,P) marks the cache
     columns each row attends (its prompt and its accepted tokens)."""
 
-    def __init__(self, backend, prompts, opts, requests, mask_id):
+    def __init__(self, backend, prompts, opts, requests, mask_id, eos_id, pad_id, on_tokens):
         self.backend, self.opts, self.mask_id = backend, opts, mask_id
+        self.eos, self.pad, self.on_tokens = eos_id, pad_id, on_tokens
         self.rows = list(range(len(prompts)))             # result row of each batch row
         self.requests = np.asarray(requests, dtype=np.int64)
         self.cache = backend.new_cache(len(prompts), 0)
         self.valid = np.zeros((len(prompts), 0), dtype=bool)
         self.next_pos = np.array([len(p) for p in prompts], dtype=np.int64)
-        self.eos = self.pad = 0
-        self.on_tokens = None
 
     def sampling(self, pos: np.ndarray) -> dict | None:
         """The graphs' sampling inputs for queries at ``pos`` (B,T): each predicts position pos+1."""
@@ -201,8 +211,8 @@ def generate(backend, prompts: list[list[int]], opts: SelfSpecOptions, mask_id: 
                         f"a block of {L} exceeds the model's max_seq {max_seq}")
     n = len(prompts)
     res = SelfSpecResult(tokens=[[] for _ in range(n)], stop=["length"] * n, accepted=[[] for _ in range(n)])
-    st = _Batch(backend, prompts, opts, range(n) if requests is None else requests, mask_id)
-    st.eos, st.pad, st.on_tokens = eos_id, eos_id if pad_id is None else pad_id, on_tokens
+    st = _Batch(backend, prompts, opts, range(n) if requests is None else requests, mask_id, eos_id,
+                eos_id if pad_id is None else pad_id, on_tokens)
     seed = _prefill(st, prompts, res)
     while st.rows:
         if opts.strategy == "fastdiffuser":
@@ -317,7 +327,7 @@ def _commit_block(st: _Batch, block: np.ndarray, res: SelfSpecResult) -> np.ndar
 def _advance(st: _Batch, res: SelfSpecResult, emitted: list, seed: np.ndarray, first: bool = False) -> np.ndarray:
     """The rows' emitted tokens to their results; the finished rows leave the batch (their cache
     with them). Returns the seeds of the rows that go on."""
-    _emit(res, st, emitted, st.opts, st.eos, first)
+    _emit(res, st, emitted, first)
     alive = _alive(res, st)
     if st.on_tokens is not None:
         going = set(alive.tolist())
@@ -327,18 +337,17 @@ def _advance(st: _Batch, res: SelfSpecResult, emitted: list, seed: np.ndarray, f
     return seed[alive]
 
 
-def _emit(res: SelfSpecResult, st: _Batch, emitted: list, opts: SelfSpecOptions, eos_id: int,
-          first: bool = False) -> None:
+def _emit(res: SelfSpecResult, st: _Batch, emitted: list, first: bool = False) -> None:
     """Append each batch row's emitted tokens to its result row, cut at EOS / max_new_tokens."""
     for r, toks in enumerate(emitted):
         row = st.rows[r]
         if not first:
             res.accepted[row].append(len(toks))
         for x in toks:
-            if x == eos_id:
+            if x == st.eos:
                 res.stop[row] = "eos"
                 break
-            if len(res.tokens[row]) >= opts.max_new_tokens:
+            if len(res.tokens[row]) >= st.opts.max_new_tokens:
                 break
             res.tokens[row].append(x)
 

@@ -148,11 +148,11 @@ class OrtBackend:
         top_i, top_p = outs[0], outs[1]
         idx = kept_tokens(keep, top_i, top_p)
         if idx is not None:                      # rows keep the KV of chosen new tokens
-            at = idx[:, None, :, None] + cache.length
+            p = cache.length
+            at = np.concatenate([np.broadcast_to(np.arange(p), (len(idx), p)), idx + p], axis=1)[:, None, :, None]
             for i in range(len(self.kv_shapes)):
-                k, v = outs[2 + 2 * i], outs[3 + 2 * i]
-                cache.k[i] = np.concatenate([cache.k[i], np.take_along_axis(k, at, axis=2)], axis=2)
-                cache.v[i] = np.concatenate([cache.v[i], np.take_along_axis(v, at, axis=2)], axis=2)
+                cache.k[i] = np.take_along_axis(outs[2 + 2 * i], at, axis=2)
+                cache.v[i] = np.take_along_axis(outs[3 + 2 * i], at, axis=2)
             cache.length += idx.shape[1]
             return top_i, top_p.astype(np.float32, copy=False)
         end = cache.length + keep

@@ -97,10 +97,10 @@ class TorchBackend:
         idx = kept_tokens(keep, top_i, top_p)
         if idx is not None:                      # rows keep the KV of chosen new tokens
             p = cache.length
-            at = self.torch.as_tensor(idx + p, device=self.device)[:, None, :, None]
+            cols = np.concatenate([np.broadcast_to(np.arange(p), (len(idx), p)), idx + p], axis=1)
+            at = self.torch.as_tensor(cols, device=self.device)[:, None, :, None]
             pick = lambda x: x.gather(2, at.expand(x.shape[0], x.shape[1], -1, x.shape[3]))  # noqa: E731
-            cache.past = [(self.torch.cat([k[:, :, :p], pick(k)], 2), self.torch.cat([v[:, :, :p], pick(v)], 2))
-                          for k, v in present]
+            cache.past = [(pick(k), pick(v)) for k, v in present]
             return top_i, top_p
         end = cache.length + keep
         cache.past = [(k[:, :, :end], v[:, :, :end]) for k, v in present]
