@@ -94,12 +94,12 @@ def cmd_generate(a) -> int:
     prompts = [decode_escapes(p) if a.escapes else p for p in a.prompt or []]
     if a.stop and a.escapes:
         a.stop = [decode_escapes(s) for s in a.stop]
-    if a.artifact and _self_speculative(a.artifact):
-        return _generate_self_spec(a, prompts)
-    decode_config(**_decode_kwargs(a))            # bad options fail before a model is loaded
     if a.stream and not a.json and len(prompts) > 1:
         raise UserError("--stream prints one prompt's text as it comes: give one --prompt, or add --json "
                         "(each chunk line names its row)")
+    if a.artifact and _self_speculative(a.artifact):
+        return _generate_self_spec(a, prompts, messages)
+    decode_config(**_decode_kwargs(a))            # bad options fail before a model is loaded
     rt = _runtime(a)
     if messages is not None:
         prompts = [rt.chat_prompt(messages)]
@@ -117,56 +117,37 @@ def cmd_generate(a) -> int:
     return 0
 
 
-# decode options a self-speculative model reads: option -> SelfSpecOptions field
-SELF_SPEC_OPTIONS = {"strategy": "strategy", "beam_width": "beam_width", "block_length": "block_size",
-                     "gen_length": "max_new_tokens", "max_tokens": "max_new_tokens", "temperature": "temperature",
-                     "seed": "seed", "threshold": "threshold"}
-SELF_SPEC_DEFAULT = "tree-spec"     # never fewer tokens per round than linear-spec (it holds its chain); on a
-                                    # CPU linear-spec is the faster of the two (docs/self_speculation.md)
-
-
-def _generate_self_spec(a, prompts: list[str]) -> int:
-    """generate on a self-speculative artifact (runtime/self_spec.py): --prompt text in, text out."""
-    from .runtime.backends.ort_backend import load_ort
-    from .runtime.self_spec import SelfSpecOptions, generate
-    given = {k: v for k, v in _decode_kwargs(a).items() if v is not None}
-    other = [k for k in given if k not in SELF_SPEC_OPTIONS]
-    if other:
-        raise UserError(f"{OPTIONS[other[0]].flag} does not apply to a self-speculative model (it reads "
-                        f"{', '.join(OPTIONS[k].flag for k in SELF_SPEC_OPTIONS)})")
-    if a.chat is not None or a.stop:
-        raise UserError("a self-speculative model takes --prompt text (no --chat, no --stop yet)")
-    if a.stream and (a.json or len(prompts) > 1):
-        raise UserError("--stream on a self-speculative model prints one prompt's text (no --json)")
-    opts = SelfSpecOptions(strategy=SELF_SPEC_DEFAULT)
-    for k, v in given.items():
-        setattr(opts, SELF_SPEC_OPTIONS[k], v)
-    opts.check()
-    loaded = load_ort(a.artifact, precision=a.precision or "fp32")
-    be, tok = loaded.backend, loaded.tokenizer
-    c = be.config
-    on_tokens = None
-    if a.stream:                     # each round's tokens are final: their text as it comes
-        from .runtime.stream import RowText
-        text = RowText(tok.decode, c.eos_token_id, (), opts.max_new_tokens)
-
-        def on_tokens(_row, ids, stop):
-            sys.stdout.write(text.update(list(ids) + ([c.eos_token_id] if stop == "eos" else []))[0])
-            sys.stdout.flush()
-    res = generate(be, [tok.encode(p) for p in prompts], opts, c.mask_token_id, c.eos_token_id, c.block_size,
-                   max_seq=c.max_seq, on_tokens=on_tokens)
-    rows = res.rows(tok.decode)
-    total = sum(r["tokens"] for r in rows)
-    summary = {"strategy": opts.strategy, "beam_width": opts.width(), "forwards": res.forwards,
-               "tpf": round(total / res.forwards, 3), "tokens_per_s": round(total / res.seconds, 1), "backend": be.name}
+def _generate_self_spec(a, prompts: list[str], messages) -> int:
+    """generate on a self-speculative artifact (runtime/self_spec_decoder.py): prompts, chat, stop
+    strings, streaming and JSON as for the masked families; its own strategies and summary line."""
+    from .runtime.api import row_options
+    from .runtime.self_spec_decoder import options
+    decode = _decode_kwargs(a)
+    options(0, **decode)                          # bad options fail before the model is loaded
+    rt = _runtime(a)
+    if messages is not None:
+        prompts = [rt.chat_prompt(messages)]
+    opts = rt.decode_config(**decode)
+    results = rt.generate(prompts, [row_options(**decode)] * len(prompts), config=opts,
+                          on_chunk=_print_chunk(a.json) if a.stream else None)
+    extra = [{"strategy": opts.strategy, "rounds": sum(r.accepted_hist.values()),
+              "tokens_per_round": round(_per_round(r.accepted_hist), 3), "backend": rt.backend.name} for r in results]
     if a.json:
-        print(json.dumps({**rows[0], **summary} if len(rows) == 1 else {"results": rows, **summary}))
+        rows = [{**r.to_dict(), **e} for r, e in zip(results, extra)]
+        print(json.dumps(rows[0] if len(rows) == 1 else {"results": rows}))
         return 0
-    for r in rows:
-        print("" if a.stream else r["text"])
-    print(f"[{total} tokens, {res.forwards} forwards, TPF {summary['tpf']:.2f}, {res.tokens_per_round():.2f} tokens per "
-          f"round, {summary['tokens_per_s']:.1f} tok/s, {opts.strategy} W {opts.width()}, backend {be.name}]", file=sys.stderr)
+    for r, e in zip(results, extra):
+        print("" if a.stream else r.text)
+        print(f"[{r.tokens} tokens, {r.forwards} forwards, TPF {r.tpf:.2f}, {e['tokens_per_round']:.2f} tokens per round, "
+              f"{r.tokens_per_s:.1f} tok/s, {opts.strategy} W {opts.width()}, backend {rt.backend.name}, "
+              f"{r.finish_reason}]", file=sys.stderr)
     return 0
+
+
+def _per_round(hist: dict) -> float:
+    """Tokens per round of an accepted-tokens histogram {tokens: rounds}."""
+    rounds = sum(hist.values())
+    return sum(int(k) * v for k, v in hist.items()) / rounds if rounds else 0.0
 
 
 def cmd_eval(a) -> int:
@@ -527,6 +508,8 @@ def _serve_defaults(a, rt) -> tuple[dict, object]:
     loadtest (for its offline references) both read them from the same flags."""
     defaults = {k: v for k, v in _decode_kwargs(a).items() if v is not None}
     cfg = rt.decode_config(**defaults)
+    if rt.self_speculative:
+        return {**defaults, "strategy": cfg.strategy, "gen_length": cfg.max_new_tokens}, cfg
     return {**defaults, "gen_length": cfg.gen_length}, cfg
 
 
@@ -602,6 +585,10 @@ def _check_serve_flags(a) -> None:
             raise UserError(f"{flag} must be >= 1 (got {value})")
     if not 0 <= a.request_timeout <= 86400:
         raise UserError(f"--request-timeout {a.request_timeout:g}: expected seconds in 0..86400 (0: no deadline)")
+    if a.artifact and _self_speculative(a.artifact):
+        from .runtime.self_spec_decoder import options
+        options(0, **_decode_kwargs(a))
+        return
     from .runtime.api import decode_config
     decode_config(**{k: v for k, v in _decode_kwargs(a).items() if v is not None})
 
@@ -610,12 +597,16 @@ def _serve_limits(a, rt):
     """The request defaults and the Limits a server (serve, or a triton-repo model) enforces."""
     from .serving.contract import Limits
     defaults, cfg = _serve_defaults(a, rt)
-    canvas = -(-cfg.gen_length // cfg.block_length) * cfg.block_length
+    gen = defaults["gen_length"]
+    if rt.self_speculative:          # the tokens and the last round's draft block
+        canvas = gen + (cfg.block_size or rt.config.block_size)
+    else:
+        canvas = -(-gen // cfg.block_length) * cfg.block_length
     if not a.max_prompt_tokens and rt.config.max_seq - canvas < 1:
-        raise UserError(f"a canvas of {canvas} tokens (--gen-length {cfg.gen_length}) leaves no room for a prompt in the "
+        raise UserError(f"a canvas of {canvas} tokens (--gen-length {gen}) leaves no room for a prompt in the "
                         f"model's {rt.config.max_seq} positions: pass a smaller --gen-length")
     return defaults, Limits(max_prompt_tokens=a.max_prompt_tokens or rt.config.max_seq - canvas,
-                            max_tokens=cfg.gen_length, max_beam_width=rt.max_beam_width or cfg.beam_width,
+                            max_tokens=gen, max_beam_width=rt.max_beam_width or cfg.beam_width,
                             max_queue=a.max_queue, timeout=a.request_timeout)
 
 

@@ -109,6 +109,15 @@ def tiny_artifact(tmp_path_factory):
     return out, report
 
 
+@pytest.fixture(scope="session")
+def selfspec_artifact(tmp_path_factory):
+    """The committed tri-mode model (checkpoints/tiny-selfspec) exported once, fp32."""
+    from dllm_deploy.export.exporter import export
+    out = tmp_path_factory.mktemp("selfspec") / "art"
+    export(str(Path(__file__).resolve().parents[1] / "checkpoints" / "tiny-selfspec"), out, log=lambda m: None)
+    return out
+
+
 def write_argmax_checkpoint(folder: Path, layout: str, token: str) -> Path:
     """A random checkpoint (write_checkpoint) whose top-1 id is a special token (``token``:
     "mask" or "pad") at every position, whatever the context: every embedding carries a large

@@ -156,25 +156,29 @@ dllm::SelfSpecConfig self_spec_config(const std::vector<std::pair<std::string, s
     else if (flag == "--temperature") c.temperature = to_float(flag, v);
     else if (flag == "--seed") c.seed = static_cast<uint64_t>(to_int(flag, v));
     else if (flag == "--threshold") c.threshold = to_float(flag, v);
-    else throw UsageError{flag + " does not apply to a self-speculative model (it reads --strategy, --beam-width, "
-                          "--block-length, --gen-length, --max-tokens, --temperature, --seed, --threshold)"};
+    else if (flag == "--stop") {
+      if (v.empty()) throw UsageError{"argument --stop: a stop string is not empty"};
+      c.stop.push_back(v);
+    } else throw UsageError{flag + " does not apply to a self-speculative model (it reads --strategy, --beam-width, "
+                            "--block-length, --gen-length, --max-tokens, --temperature, --seed, --threshold, --stop)"};
   }
   return c;
 }
 
-// A self-speculative model's prompts, batch after batch (its own strategies: ar, linear-spec, tree-spec).
+// A self-speculative model's prompts, batch after batch (its own strategies: ar, linear-spec, tree-spec,
+// fastdiffuser); on_chunk: --stream's printer, or empty.
 int run_self_spec(dllm::Runtime& rt, const std::vector<std::string>& prompts, size_t batch_size, bool json,
-                  const dllm::SelfSpecConfig& c) {
+                  const dllm::SelfSpecConfig& c, const dllm::ChunkCallback& on_chunk) {
   for (size_t first = 0; first < prompts.size(); first += batch_size) {
     const std::vector<std::string> batch(prompts.begin() + static_cast<long>(first),
                                          prompts.begin() + static_cast<long>(std::min(first + batch_size, prompts.size())));
-    for (const dllm::Result& r : rt.self_spec_generate(batch, c)) {
+    for (const dllm::Result& r : rt.self_spec_generate(batch, c, on_chunk)) {
       if (json) {
         std::cout << r.json() << "\n" << std::flush;
         continue;
       }
       const dllm::Stats s = r.stats();
-      std::cout << r.text() << "\n" << std::flush;
+      std::cout << (on_chunk ? "" : r.text()) << "\n" << std::flush;
       std::fprintf(stderr, "[%lld tokens, %lld forwards, TPF %.2f, %.1f tok/s, %s W %d, backend ort-cpp, %s]\n",
                    static_cast<long long>(s.tokens), static_cast<long long>(s.forwards), s.tpf, s.tokens_per_s,
                    c.strategy.c_str(), s.beam_width_used, r.finish_reason().c_str());
@@ -233,16 +237,15 @@ int run(int argc, char** argv) {
   if (self_spec) spec_cfg = self_spec_config(decode_flags);
   else
     for (const auto& [flag, v] : decode_flags) set_option(cfg, option_of(flag), flag, v);
-  if (self_spec && stream) throw UsageError{"--stream: a self-speculative model's results come whole (no --stream yet)"};
   std::vector<std::string> prompts = have_prompt ? std::vector<std::string>{prompt} : read_prompts(prompts_file);
   dllm::Runtime rt(artifact, ropt);
   if (rt.self_speculative() != self_spec) throw dllm::Error(DLLM_ERROR_INVALID_ARGUMENT, artifact + ": the manifest changed while loading");
-  if (self_spec) return run_self_spec(rt, prompts, batch_size, json, spec_cfg);
   // --stream: each chunk as it comes (its JSON line, or its delta)
   const dllm::ChunkCallback print_chunk = [json](const dllm::Chunk& c) {
     std::cout << (json ? c.json + "\n" : c.delta) << std::flush;
     return true;
   };
+  if (self_spec) return run_self_spec(rt, prompts, batch_size, json, spec_cfg, stream ? print_chunk : dllm::ChunkCallback());
   // --batch-size prompts of the file decoded together (one batch, as Python's generate), batch after batch
   for (size_t first = 0; first < prompts.size(); first += batch_size) {
     const std::vector<std::string> batch(prompts.begin() + static_cast<long>(first),

@@ -1,5 +1,6 @@
 // The C ABI (dllm.h) over the runtime: argument checks, and every exception turned into a
 // dllm_error object. Nothing throws across this file's functions.
+#include <cstddef>
 #include <cstring>
 #include <memory>
 #include <new>
@@ -318,15 +319,25 @@ dllm_error* dllm_generate_stream(dllm_runtime* rt, const char* prompt, const dll
   return dllm_generate_batch(rt, &prompt, 1, opts, on_chunk, user_data, out);
 }
 
-dllm_error* dllm_generate_batch(dllm_runtime* rt, const char* const* prompts, size_t n, const dllm_options* opts,
-                                dllm_chunk_callback on_chunk, void* user_data, dllm_result** out) {
-  std::string json;  // the chunk's JSON line, kept alive for the callback
-  const dllm::detail::ChunkSink sink = [&](size_t index, const dllm::detail::Chunk& c) {
+namespace {
+
+// The sink that hands chunks to a C callback (NULL callback: no sink); `json` keeps the chunk's
+// JSON line alive during the callback.
+dllm::detail::ChunkSink c_sink(dllm_chunk_callback on_chunk, void* user_data, std::string& json) {
+  if (!on_chunk) return dllm::detail::ChunkSink();
+  return [on_chunk, user_data, &json](size_t index, const dllm::detail::Chunk& c) {
     json = c.to_json(static_cast<int>(index));
     const dllm_chunk chunk = c_chunk(index, c, json);
     return on_chunk(&chunk, user_data) == 0;
   };
-  return generate_with(rt, prompts, n, resolved(opts), out, on_chunk ? sink : dllm::detail::ChunkSink());
+}
+
+}  // namespace
+
+dllm_error* dllm_generate_batch(dllm_runtime* rt, const char* const* prompts, size_t n, const dllm_options* opts,
+                                dllm_chunk_callback on_chunk, void* user_data, dllm_result** out) {
+  std::string json;
+  return generate_with(rt, prompts, n, resolved(opts), out, c_sink(on_chunk, user_data, json));
 }
 
 void dllm_self_spec_config_init(dllm_self_spec_config* cfg) {
@@ -349,25 +360,40 @@ int32_t dllm_runtime_self_speculative(const dllm_runtime* rt) {
 
 dllm_error* dllm_self_spec_generate(dllm_runtime* rt, const char* const* prompts, size_t n,
                                     const dllm_self_spec_config* cfg, dllm_result** out) {
+  return dllm_self_spec_generate_stream(rt, prompts, n, cfg, nullptr, nullptr, out);
+}
+
+dllm_error* dllm_self_spec_generate_stream(dllm_runtime* rt, const char* const* prompts, size_t n,
+                                           const dllm_self_spec_config* cfg, dllm_chunk_callback on_chunk,
+                                           void* user_data, dllm_result** out) {
   return guarded([&] {
     if (!out) dllm::detail::user_error("dllm_self_spec_generate: out is NULL");
     std::fill(out, out + n, nullptr);
     if (!rt) dllm::detail::user_error("dllm_self_spec_generate: runtime is NULL");
     if (!prompts || n == 0) dllm::detail::user_error("dllm_self_spec_generate: no prompt given");
-    if (cfg && cfg->struct_size < sizeof(dllm_self_spec_config))
+    // a caller built against the header before stop / stop_count passes the shorter struct
+    if (cfg && cfg->struct_size < offsetof(dllm_self_spec_config, stop))
       dllm::detail::user_error("dllm_self_spec_generate: cfg->struct_size is not set (dllm_self_spec_config_init)");
     dllm::detail::SelfSpecOptions o;
     if (cfg) {
       o.strategy = or_default(cfg->strategy, "tree-spec");
       o.beam_width = cfg->beam_width, o.block_size = cfg->block_size, o.max_new_tokens = cfg->max_new_tokens;
       o.temperature = cfg->temperature, o.seed = cfg->seed, o.threshold = cfg->threshold;
+      if (cfg->struct_size >= sizeof(dllm_self_spec_config) && cfg->stop_count) {
+        if (!cfg->stop) dllm::detail::user_error("dllm_self_spec_generate: stop is NULL but stop_count is not 0");
+        for (size_t i = 0; i < cfg->stop_count; ++i) {
+          if (!cfg->stop[i] || !*cfg->stop[i]) dllm::detail::user_error("dllm_self_spec_generate: stop string " + std::to_string(i) + " is empty");
+          o.stop.emplace_back(cfg->stop[i]);
+        }
+      }
     }
     std::vector<std::string> texts;
     for (size_t i = 0; i < n; ++i) {
       if (!prompts[i]) dllm::detail::user_error("dllm_self_spec_generate: prompt " + std::to_string(i) + " is NULL");
       texts.emplace_back(prompts[i]);
     }
-    deliver(rt->runtime->self_spec(texts, o), out);
+    std::string json;
+    deliver(rt->runtime->self_spec(texts, o, c_sink(on_chunk, user_data, json)), out);
   });
 }
 

@@ -85,7 +85,9 @@ class Runtime {
   std::vector<RowResult> generate(const std::vector<std::string>& prompts, const DecodeOptions& cfg,
                                   const ChunkSink& sink = ChunkSink());
   // A self-speculative model's decode (self_spec.cpp): its capabilities' attention is "causal".
-  std::vector<RowResult> self_spec(const std::vector<std::string>& prompts, const SelfSpecOptions& options);
+  // sink (optional) gets each round's final text as chunks; a cancel ends every unfinished row.
+  std::vector<RowResult> self_spec(const std::vector<std::string>& prompts, const SelfSpecOptions& options,
+                                   const ChunkSink& sink = ChunkSink());
   bool self_speculative() const { return manifest_.caps.attention == "causal"; }
   int max_seq() const { return manifest_.model.max_seq; }
   int max_beam_width() const { return cap_; }

@@ -78,7 +78,11 @@ struct SpecRun {
   std::vector<std::vector<uint8_t>> valid;  // per live row: the cache columns it attends
   std::vector<int64_t> next_pos, seed;   // per live row
   std::vector<RowResult>& out;
-  std::vector<uint8_t> stopped;          // per prompt
+  std::vector<RowStream>& streams;       // per prompt: its released text and ids (stream.hpp)
+  const ChunkSink* sink;                 // NULL: no chunks delivered
+  std::chrono::steady_clock::time_point t0;
+  bool cancelled = false;                // the sink asked to stop
+  Chunk chunk{};
 
   size_t B() const { return rows.size(); }
   size_t P() const { return be.cache_length(); }
@@ -104,26 +108,36 @@ struct SpecRun {
         u[r * T + i] = sample && o.temperature > 0 ? sample_uniform(o.seed, rows[r], pos[r * T + i] + 1, 0) : 0.0f;
   }
 
-  // The rows' emitted tokens to their results (cut at EOS and the budget); the finished rows leave.
+  // The rows' emitted tokens to their results (cut at EOS and the budget) and their streams (a
+  // chunk to the sink when one is due: a round's tokens are final); the finished rows leave.
   void advance(const std::vector<std::vector<int64_t>>& emitted, bool first) {
     std::vector<size_t> alive;
     for (size_t r = 0; r < B(); ++r) {
-      RowResult& res = out[rows[r]];
+      const size_t row = rows[r];
+      RowResult& res = out[row];
       if (!first) {
         const size_t n = emitted[r].size();
         if (res.accepted_hist.size() <= n) res.accepted_hist.resize(n + 1, 0);
         res.accepted_hist[n] += 1;
       }
+      bool eos = false;
       for (int64_t x : emitted[r]) {
         if (x == eos_id) {
-          res.finish_reason = "eos";
+          eos = true;
           break;
         }
         if (static_cast<int>(res.token_ids.size()) >= o.max_new_tokens) break;
         res.token_ids.push_back(x);
       }
-      if (res.finish_reason != "eos" && static_cast<int>(res.token_ids.size()) < o.max_new_tokens) alive.push_back(r);
+      if (eos) res.token_ids.push_back(eos_id);  // the stream cuts just after it and ends the row ("eos")
+      if (!cancelled && streams[row].report(res.token_ids, res.forwards, &chunk)) {
+        if (res.time_to_first_token_s < 0 && !chunk.token_ids.empty())
+          res.time_to_first_token_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        if (sink && !(*sink)(row, chunk) && !streams[row].finished()) cancelled = true;
+      }
+      if (!streams[row].finished() && !eos && static_cast<int>(res.token_ids.size()) < o.max_new_tokens) alive.push_back(r);
     }
+    if (cancelled) alive.clear();
     if (alive.size() == B()) return;
     be.keep_rows(alive);
     std::vector<size_t> rows2;
@@ -278,7 +292,8 @@ struct SpecRun {
 
 }  // namespace
 
-std::vector<RowResult> Runtime::self_spec(const std::vector<std::string>& prompts, const SelfSpecOptions& o) {
+std::vector<RowResult> Runtime::self_spec(const std::vector<std::string>& prompts, const SelfSpecOptions& o,
+                                          const ChunkSink& sink) {
   if (!self_speculative()) user_error("strategy " + quoted(o.strategy) + " decodes self-speculative models only");
   const bool diffusion = o.strategy == "fastdiffuser";
   if (o.strategy != "ar" && o.strategy != "linear-spec" && o.strategy != "tree-spec" && !diffusion)
@@ -304,14 +319,15 @@ std::vector<RowResult> Runtime::self_spec(const std::vector<std::string>& prompt
   }
   const size_t width = o.strategy == "ar" ? 0 : o.strategy == "tree-spec" ? static_cast<size_t>(o.beam_width) : 1;
   std::vector<RowResult> out(prompts.size());
-  for (RowResult& r : out) r.finish_reason = "length", r.accepted_hist.assign(1, 0);
+  for (RowResult& r : out) r.accepted_hist.assign(1, 0);
+  std::vector<RowStream> streams(prompts.size(), RowStream(*tokenizer_, o.stop, o.max_new_tokens, mc.eos_token_id));
   const double backend0 = backend_->run_seconds;
   const auto t0 = std::chrono::steady_clock::now();
   backend_->clear_cache();
   backend_->reserve(prompts.size(), 1, 0, 1);
   SpecRun run{*backend_, o, mc.mask_token_id, mc.eos_token_id, L, width, static_cast<size_t>(backend_->topk()),
               {}, std::vector<std::vector<uint8_t>>(prompts.size()), std::vector<int64_t>(prompts.size()),
-              std::vector<int64_t>(prompts.size()), out, {}};
+              std::vector<int64_t>(prompts.size()), out, streams, sink ? &sink : nullptr, t0};
   for (size_t i = 0; i < prompts.size(); ++i) run.rows.push_back(i);
   run.prefill(encoded);
   while (run.B()) {
@@ -319,10 +335,13 @@ std::vector<RowResult> Runtime::self_spec(const std::vector<std::string>& prompt
     else run.verify(run.draft());
   }
   const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  for (RowResult& r : out) {
-    r.text = tokenizer_->decode(r.token_ids);
+  for (size_t i = 0; i < out.size(); ++i) {
+    RowResult& r = out[i];
+    r.text = streams[i].text();
+    r.token_ids = streams[i].ids();
+    r.finish_reason = streams[i].finished() ? streams[i].finish_reason() : "cancelled";
     r.tokens = static_cast<int64_t>(r.token_ids.size());
-    r.finished = r.finish_reason == "eos";
+    r.finished = r.finish_reason == "eos" || r.finish_reason == "stop";
     r.tpf = static_cast<double>(r.tokens) / static_cast<double>(std::max<int64_t>(r.forwards, 1));
     r.wall_s = wall;
     r.tokens_per_s = wall > 0 ? static_cast<double>(r.tokens) / wall : 0.0;

@@ -31,6 +31,7 @@ struct SelfSpecOptions {
   float temperature = 0.0f;            // 0: greedy
   uint64_t seed = 0;
   double threshold = 0.9;              // fastdiffuser: the confidence a masked position commits at
+  std::vector<std::string> stop;       // stop strings: a row's text ends before the first one found
 };
 
 // The verification tree of one row: node 0 the seed; parent[i] < i; depth[i] its offset after the seed.

@@ -44,7 +44,11 @@ class Runtime:
 
     def __init__(self, backend, tokenizer, config, max_beam_width: int | None = None):
         self.backend, self.tokenizer, self.config = backend, tokenizer, config
-        self.decoder = Decoder(backend, tokenizer, config, max_beam_width=max_beam_width)
+        if self.self_speculative:
+            from .self_spec_decoder import SelfSpecDecoder
+            self.decoder = SelfSpecDecoder(backend, tokenizer, config, max_beam_width=max_beam_width)
+        else:
+            self.decoder = Decoder(backend, tokenizer, config, max_beam_width=max_beam_width)
         self.profile, self.profile_reasons = None, []
         self.chat_template: str | None = None   # the model's chat template (chat.py), None: it has none
         self.chat_variables: dict = {}          # bos_token / eos_token strings the template may read
@@ -101,6 +105,17 @@ class Runtime:
         rt.chat_template, rt.chat_variables = load_chat_template(folder), special_tokens(folder)
         return rt
 
+    @property
+    def self_speculative(self) -> bool:
+        """A causal model that drafts by diffusion (docs/self_speculation.md): its strategies are
+        ar, linear-spec, tree-spec, fastdiffuser (``strategies``), decoded by self_spec_decoder.py."""
+        return self.backend.capabilities.attention == "causal"
+
+    @property
+    def strategies(self) -> tuple[str, ...]:
+        """The decode strategies this model takes."""
+        return self.decoder.strategies if self.self_speculative else tuple(OPTIONS["strategy"].choices)
+
     def memory_facts(self) -> dict:
         """The model as the memory model (profiles/memory.py) reads it: the config and each layer's
         KV shape (an artifact's kv_shapes; the torch backend's module)."""
@@ -117,7 +132,10 @@ class Runtime:
     def decode_config(self, **decode) -> DecodeConfig:
         """A DecodeConfig where options left as None take the profile's defaults, then the built-in ones.
         A profile's ``cache: delayed`` (one branch per forward) gives way to the model's own cache
-        when the call asks for an spd tree of more than one branch."""
+        when the call asks for an spd tree of more than one branch. A self-speculative model's:
+        its SelfSpecOptions (self_spec_decoder.py; the profile's masked-family defaults do not apply)."""
+        if self.self_speculative:
+            return self.decoder.options(**decode)
         given = {k: v for k, v in decode.items() if v is not None}
         merged = {**self.decode_defaults(), **given}
         if "cache" not in given and merged.get("cache") == "delayed" and merged.get("strategy") == "spd" \
@@ -130,10 +148,13 @@ class Runtime:
         """The largest W a call may run (the artifact's, the profile's and the free-memory cap)."""
         return self.decoder.max_beam_width
 
-    def check_rows(self, rows: list[RowOptions]) -> None:
-        """The checks ``generate`` runs on per-row options (sampling within the graphs' pool), alone:
-        a server refuses a request with them before it joins a batch."""
-        self.decoder.check_sampling(rows)
+    def check_rows(self, rows: list[RowOptions], config=None) -> None:
+        """The checks ``generate`` runs on per-row options (sampling within the graphs' pool; what
+        ``config``'s strategy allows), alone: a server refuses a request with them before it joins a batch."""
+        if self.self_speculative:
+            self.decoder.check_sampling(rows, config)
+        else:
+            self.decoder.check_sampling(rows)
 
     def _call(self, prompts: str | list[str], rows, decode: dict,
               config: DecodeConfig | None = None) -> tuple[list[str], DecodeConfig, list[RowOptions]]:
@@ -143,9 +164,6 @@ class Runtime:
         (``decode_config``), instead of decode keywords."""
         if isinstance(prompts, str):
             prompts = [prompts]
-        if self.backend.capabilities.attention == "causal":
-            raise UserError(f"a {self.config.layout} model decodes self-speculatively (ar, linear-spec, tree-spec: "
-                            "Runtime.self_spec, docs/self_speculation.md); the masked strategies do not apply")
         if config is not None:
             if decode:
                 raise UserError(f"give decode options as keywords or as config=, not both ({', '.join(sorted(decode))})")
@@ -208,6 +226,9 @@ class Runtime:
 
     def joins_batches(self, **decode) -> bool:
         """Whether requests can join a running batch under these decode options (an exact cache)."""
+        if self.self_speculative:          # rows join at round boundaries where the cache pads and stacks
+            self.decode_config(**decode)
+            return bool(getattr(self.backend, "joins_batches", False))
         cfg, caps = self.decode_config(**decode), self.backend.capabilities
         return joins(self.backend, caps, resolve_cache(cfg.cache, caps, cfg.beam_width if cfg.strategy == "spd" else 1))
 

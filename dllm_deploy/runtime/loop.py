@@ -425,22 +425,27 @@ class Decoder:
                  on_chunk: Callable[[dict], None] | None = None) -> list[RowResult]:
         """The stream collected: each row's text and token ids are its chunks' concatenated
         (``on_chunk`` sees every chunk as it comes)."""
-        chunks = self.stream(prompts, dcfg, rows)
-        text, ids = [[] for _ in prompts], [[] for _ in prompts]
-        while True:
-            try:
-                c = next(chunks)
-            except StopIteration as end:
-                rest = end.value
-                break
-            text[c["index"]].append(c["delta"])
-            ids[c["index"]].extend(c["token_ids"])
-            if on_chunk:
-                on_chunk(c)
-        out = []
-        for t, i, st in zip(text, ids, rest):
-            wall = st["wall_s"]
-            out.append(RowResult(text="".join(t), token_ids=i, tokens=len(i), tpf=len(i) / max(st["forwards"], 1),
-                                 tokens_per_s=len(i) / wall if wall > 0 else 0.0,
-                                 finished=st["finish_reason"] in ("eos", "stop"), **st))
-        return out
+        return collect(self.stream(prompts, dcfg, rows), len(prompts), on_chunk)
+
+
+def collect(chunks: Iterator[dict], n: int, on_chunk: Callable[[dict], None] | None = None) -> list[RowResult]:
+    """One RowResult per row of a decoder's stream of ``n`` rows (its chunks, then its return value:
+    one dict of stats per row); ``on_chunk`` sees every chunk as it comes."""
+    text, ids = [[] for _ in range(n)], [[] for _ in range(n)]
+    while True:
+        try:
+            c = next(chunks)
+        except StopIteration as end:
+            rest = end.value
+            break
+        text[c["index"]].append(c["delta"])
+        ids[c["index"]].extend(c["token_ids"])
+        if on_chunk:
+            on_chunk(c)
+    out = []
+    for t, i, st in zip(text, ids, rest):
+        wall = st["wall_s"]
+        out.append(RowResult(text="".join(t), token_ids=i, tokens=len(i), tpf=len(i) / max(st["forwards"], 1),
+                             tokens_per_s=len(i) / wall if wall > 0 else 0.0,
+                             finished=st["finish_reason"] in ("eos", "stop"), **st))
+    return out

@@ -28,14 +28,17 @@ from __future__ import annotations
 import heapq
 import time
 from dataclasses import dataclass, field
+from typing import Callable, Iterator
 
 import numpy as np
 
 from ..errors import UserError
-from . import noise
+from .prefix import RowSampling
+from .rows import RowOptions
 
 STRATEGIES = ("ar", "linear-spec", "tree-spec", "fastdiffuser")
 LOSSY = ("fastdiffuser",)            # strategies whose output is not ar's
+GREEDY_ONLY = ("fastdiffuser",)      # strategies that do not sample
 
 
 @dataclass
@@ -62,8 +65,8 @@ class SelfSpecOptions:
             raise UserError(f"temperature must be >= 0, got {self.temperature}")
         if not 0 < self.threshold <= 1:
             raise UserError(f"threshold must be in (0, 1], got {self.threshold}")
-        if self.strategy == "fastdiffuser" and self.temperature > 0:
-            raise UserError("fastdiffuser decodes greedily (temperature 0)")
+        if self.strategy in GREEDY_ONLY and self.temperature > 0:
+            raise UserError(f"{self.strategy} decodes greedily (temperature 0)")
 
     def width(self) -> int:
         """W: the draft sequences a round verifies (0 for ar, which drafts nothing)."""
@@ -73,9 +76,10 @@ class SelfSpecOptions:
 @dataclass
 class SelfSpecResult:
     tokens: list = field(default_factory=list)      # per row: generated ids (EOS and after it dropped)
-    stop: list = field(default_factory=list)        # per row: "eos" | "length"
+    stop: list = field(default_factory=list)        # per row: "eos" | "length" | a reason SelfSpecRun.end gave
     accepted: list = field(default_factory=list)    # per row: tokens emitted per round (after the first token)
     forwards: int = 0                               # model calls for the whole batch (prefill, drafts, verifies)
+    row_forwards: list = field(default_factory=list)  # per row: the model calls it took part in
     verify_tokens: int = 0                          # query tokens the causal verifications ran (the tree cost)
     seconds: float = 0.0
 
@@ -86,7 +90,7 @@ class SelfSpecResult:
         """One dict per row (``decode``: the tokenizer's ids -> text): text, token_ids, tokens,
         finish_reason ("stop": EOS, "length"), rounds, tokens_per_round."""
         return [{"text": decode(t), "token_ids": t, "tokens": len(t),
-                 "finish_reason": "stop" if self.stop[r] == "eos" else "length", "rounds": len(self.accepted[r]),
+                 "finish_reason": {"eos": "stop"}.get(self.stop[r], self.stop[r]), "rounds": len(self.accepted[r]),
                  "tokens_per_round": round(mean_round(self.accepted[r]), 3)} for r, t in enumerate(self.tokens)]
 
 
@@ -157,26 +161,21 @@ def accepted_path(trie: Trie, predicted: np.ndarray) -> list[int]:
 
 class _Batch:
     """The rows being decoded and their cache bookkeeping: ``valid`` (B,P) marks the cache
-    columns each row attends (its prompt and its accepted tokens)."""
+    columns each row attends (its prompt and its accepted tokens); ``seed`` (B,) each row's next
+    block's first token; ``sampling`` the rows' sampling options (None: every row is greedy)."""
 
-    def __init__(self, backend, prompts, opts, requests, mask_id, eos_id, pad_id, on_tokens):
-        self.backend, self.opts, self.mask_id = backend, opts, mask_id
-        self.eos, self.pad, self.on_tokens = eos_id, pad_id, on_tokens
+    def __init__(self, backend, prompts, mask_id, eos_id, pad_id, rows: list[RowOptions]):
+        self.backend, self.mask_id, self.eos, self.pad = backend, mask_id, eos_id, pad_id
         self.rows = list(range(len(prompts)))             # result row of each batch row
-        self.requests = np.asarray(requests, dtype=np.int64)
+        self.sampling = RowSampling(rows) if any(o.sampling for o in rows) else None
         self.cache = backend.new_cache(len(prompts), 0)
         self.valid = np.zeros((len(prompts), 0), dtype=bool)
         self.next_pos = np.array([len(p) for p in prompts], dtype=np.int64)
+        self.seed = np.zeros(len(prompts), dtype=np.int64)
 
-    def sampling(self, pos: np.ndarray) -> dict | None:
+    def inputs(self, pos: np.ndarray) -> dict | None:
         """The graphs' sampling inputs for queries at ``pos`` (B,T): each predicts position pos+1."""
-        if self.opts.temperature == 0:
-            return None
-        b, t = pos.shape
-        u = noise.uniforms(self.opts.seed, self.requests[:, None], pos + 1, 0)
-        return {"sample_u": np.ascontiguousarray(u, dtype=np.float32),
-                "temperature": np.full(b, self.opts.temperature, np.float32),
-                "top_k": np.zeros(b, np.int64), "top_p": np.ones(b, np.float32)}
+        return None if self.sampling is None else self.sampling.inputs(pos + 1, np.zeros_like(pos))
 
     def mask(self, new: np.ndarray) -> np.ndarray:
         """(B,1,T,P+T): the valid cache columns, then ``new`` (B,T,T) among the new tokens."""
@@ -186,47 +185,164 @@ class _Batch:
 
     def keep(self, rows: np.ndarray) -> None:
         self.cache.keep_rows(rows)
-        self.valid, self.next_pos = self.valid[rows], self.next_pos[rows]
-        self.requests = self.requests[rows]
+        self.valid, self.next_pos, self.seed = self.valid[rows], self.next_pos[rows], self.seed[rows]
+        if self.sampling is not None:
+            self.sampling.take(rows)
         self.rows = [self.rows[r] for r in rows]
+        self.trim()
+
+    def trim(self) -> None:
+        """Drop the leading cache columns no live row attends (a finished row's, a joining row's
+        padding), so a batch that rows keep joining grows no wider than its oldest live row's span."""
+        if not self.rows:
+            return
+        used = self.valid.any(axis=0)
+        lead = int(used.argmax()) if used.any() else used.size
+        if lead:
+            self.cache.drop_left(lead)
+            self.valid = self.valid[:, lead:]
+
+    def add(self, other: "_Batch") -> None:
+        """``other``'s rows after these: the narrower cache is padded on the left with columns no
+        row attends (a row's positions are its own, so its KV and outputs do not change)."""
+        for a, b in ((self, other), (other, self)):
+            n = b.valid.shape[1] - a.valid.shape[1]
+            if n > 0:
+                a.cache.pad_left(n)
+                a.valid = np.concatenate([np.zeros((len(a.valid), n), dtype=bool), a.valid], axis=1)
+        self.cache.add_rows(other.cache)
+        self.valid = np.concatenate([self.valid, other.valid])
+        self.next_pos, self.seed = np.concatenate([self.next_pos, other.next_pos]), np.concatenate([self.seed, other.seed])
+        if self.sampling is not None or other.sampling is not None:
+            mine = self.sampling or RowSampling([RowOptions()] * len(self.rows))
+            mine.stack(other.sampling or RowSampling([RowOptions()] * len(other.rows)))
+            self.sampling = mine
+        self.rows = self.rows + other.rows
+        self.trim()
+
+
+class SelfSpecRun:
+    """One decode of ``prompts`` (token ids, each non-empty) with ``opts.strategy``. Iterating it
+    runs the forwards: after every forward that gave rows tokens it yields [(row, tokens so far,
+    stop reason or None)] for the rows it served (a round's tokens are final); ``end`` takes rows
+    out between forwards. ``res`` holds the result.
+
+    ``block_size``: the model's L (used when opts.block_size is 0); ``rows``: each row's
+    RowOptions (sampling, seed, request word, token budget ``max_tokens`` <= opts.max_new_tokens;
+    default: opts' temperature and seed for every row, request words 0, 1, ... or ``requests``);
+    ``max_seq``: the model's longest sequence (a prompt whose decode could pass it is refused);
+    ``join``: continuous batching, called before every round: [(prompt ids, RowOptions)] of rows
+    that join the batch there (numbered after the rows so far)."""
+
+    def __init__(self, backend, prompts: list[list[int]], opts: SelfSpecOptions, mask_id: int, eos_id: int,
+                 block_size: int, rows: list[RowOptions] | None = None, requests=None, pad_id: int | None = None,
+                 max_seq: int | None = None, join: Callable[[], list] | None = None):
+        opts.check()
+        if rows is None:
+            req = range(len(prompts)) if requests is None else requests
+            rows = [RowOptions(temperature=opts.temperature, seed=opts.seed, request=int(r)) for r in req]
+        self.backend, self.opts, self.join = backend, opts, join
+        self.mask_id, self.eos, self.pad = mask_id, eos_id, eos_id if pad_id is None else pad_id
+        self.L, self.max_seq = opts.block_size or block_size, max_seq
+        self.res = SelfSpecResult()
+        self.budget: list[int] = []
+        self.options: list[RowOptions] = []     # each result row's
+        self.started: list[float] = []          # when each result row started (perf_counter): the call or its join
+        self.prompts = self._check(prompts, rows)
+        self.st = self._new_rows(prompts, rows)
+
+    def _check(self, prompts: list[list[int]], rows: list[RowOptions]) -> list[list[int]]:
+        rows = list(rows)
+        if not prompts or any(len(p) == 0 for p in prompts):
+            raise UserError("every prompt needs at least one token")
+        if len(rows) != len(prompts):
+            raise UserError(f"{len(rows)} row options given for {len(prompts)} prompts (one per prompt)")
+        for o in rows:
+            if o.max_tokens is not None and not 1 <= o.max_tokens <= self.opts.max_new_tokens:
+                raise UserError(f"max tokens ({o.max_tokens}) is outside 1..{self.opts.max_new_tokens} (the call's gen length)")
+            if o.sampling and self.opts.strategy in GREEDY_ONLY:
+                raise UserError(f"{self.opts.strategy} decodes greedily (temperature 0)")
+        longest = max(len(p) for p in prompts) + self.opts.max_new_tokens + self.L
+        if self.max_seq is not None and longest > self.max_seq:
+            raise UserError(f"prompt ({max(len(p) for p in prompts)} tokens) + max_new_tokens {self.opts.max_new_tokens} + "
+                            f"a block of {self.L} exceeds the model's max_seq {self.max_seq}")
+        return prompts
+
+    def _new_rows(self, prompts: list[list[int]], rows: list[RowOptions]) -> _Batch:
+        """A batch of new rows, numbered after the result rows so far."""
+        first, n = len(self.res.tokens), len(prompts)
+        res = self.res
+        res.tokens += [[] for _ in range(n)]
+        res.stop += ["length"] * n
+        res.accepted += [[] for _ in range(n)]
+        res.row_forwards += [0] * n
+        self.budget += [o.max_tokens or self.opts.max_new_tokens for o in rows]
+        self.options += list(rows)
+        self.started += [time.perf_counter()] * n
+        st = _Batch(self.backend, prompts, self.mask_id, self.eos, self.pad, list(rows))
+        st.rows = list(range(first, first + n))
+        return st
+
+    def __iter__(self) -> Iterator[list]:
+        st, res, opts = self.st, self.res, self.opts
+        t0 = time.perf_counter()
+        yield _prefill(st, self.prompts, res, self.budget)
+        while st.rows:
+            if self.join is not None and (new := self.join()):
+                yield self._add(new)
+            if opts.strategy == "fastdiffuser":
+                block = _diffuse(st, self.L, opts.threshold, res)
+                yield _commit_block(st, block, res, self.budget)
+            else:
+                tries = _draft(st, self.L, opts.width(), res)
+                yield _verify(st, tries, res, self.budget)
+            res.seconds = time.perf_counter() - t0
+        res.seconds = time.perf_counter() - t0
+
+    def _add(self, new: list) -> list:
+        """Rows that join at a round boundary (continuous batching): their prompts' forward (their
+        own batch: their first tokens are what they would be alone), then they decode with the
+        others. ``new``: [(prompt ids, RowOptions)]. Returns the prompts' forward's report."""
+        prompts, rows = self._check([p for p, _ in new], [o for _, o in new]), [o for _, o in new]
+        other = self._new_rows(prompts, rows)
+        report = _prefill(other, prompts, self.res, self.budget)
+        self.st.add(other)
+        return report
+
+    def end(self, rows, reason: str) -> None:
+        """End result rows ``rows`` now with stop reason ``reason`` (a stop string, a cancel): they
+        leave the batch before the next forward, their cache with them."""
+        gone = set(rows)
+        for row in gone:
+            self.res.stop[row] = reason
+        self.st.keep(np.array([r for r, row in enumerate(self.st.rows) if row not in gone], dtype=np.int64))
 
 
 def generate(backend, prompts: list[list[int]], opts: SelfSpecOptions, mask_id: int, eos_id: int,
              block_size: int, requests=None, pad_id: int | None = None, max_seq: int | None = None,
-             on_tokens=None) -> SelfSpecResult:
-    """Decode ``prompts`` (token ids, each non-empty) with ``opts.strategy``; ``block_size``: the
-    model's L (used when opts.block_size is 0); ``requests``: each row's request id for the noise
-    (default 0, 1, ...); ``max_seq``: the model's longest sequence (a prompt whose decode could
-    pass it is refused); ``on_tokens(row, tokens, stop)``: called after every forward that gave
-    row ``row`` tokens (a round's tokens are final), with all of its tokens so far and its stop
-    reason once it has one (None while it goes on)."""
-    opts.check()
-    if not prompts or any(len(p) == 0 for p in prompts):
-        raise UserError("every prompt needs at least one token")
-    t0 = time.perf_counter()
-    L = opts.block_size or block_size
-    longest = max(len(p) for p in prompts) + opts.max_new_tokens + L
-    if max_seq is not None and longest > max_seq:
-        raise UserError(f"prompt ({max(len(p) for p in prompts)} tokens) + max_new_tokens {opts.max_new_tokens} + "
-                        f"a block of {L} exceeds the model's max_seq {max_seq}")
-    n = len(prompts)
-    res = SelfSpecResult(tokens=[[] for _ in range(n)], stop=["length"] * n, accepted=[[] for _ in range(n)])
-    st = _Batch(backend, prompts, opts, range(n) if requests is None else requests, mask_id, eos_id,
-                eos_id if pad_id is None else pad_id, on_tokens)
-    seed = _prefill(st, prompts, res)
-    while st.rows:
-        if opts.strategy == "fastdiffuser":
-            seed = _commit_block(st, _diffuse(st, seed, L, res), res)
-            continue
-        tries = _draft(st, seed, L, res)
-        seed = _verify(st, tries, res)
-    res.seconds = time.perf_counter() - t0
-    return res
+             on_tokens=None, rows: list[RowOptions] | None = None) -> SelfSpecResult:
+    """The whole decode (SelfSpecRun's arguments); ``on_tokens(row, tokens, stop)``: called after
+    every forward that gave row ``row`` tokens, with all of its tokens so far and its stop reason
+    once it has one (None while it goes on)."""
+    run = SelfSpecRun(backend, prompts, opts, mask_id, eos_id, block_size, rows, requests, pad_id, max_seq)
+    for report in run:
+        for row, tokens, stop in report:
+            if on_tokens is not None:
+                on_tokens(row, tokens, stop)
+    return run.res
 
 
-def _prefill(st: _Batch, prompts: list, res: SelfSpecResult) -> np.ndarray:
+def _forward(st: _Batch, res: SelfSpecResult, served=None) -> None:
+    """Count one model call: the batch's, and each row's it served (``served``: batch rows, default
+    all; a row whose block is finished waits through the others' draft steps uncounted)."""
+    res.forwards += 1
+    for r in range(len(st.rows)) if served is None else served:
+        res.row_forwards[st.rows[r]] += 1
+
+
+def _prefill(st: _Batch, prompts: list, res: SelfSpecResult, budget: list) -> list:
     """The prompts' causal forward (left-padded: a pad column attends only itself): their KV, and
-    each row's first token (the first seed). Returns the seeds of the rows that go on."""
+    each row's first token (the first seed)."""
     n, lp = len(prompts), max(len(p) for p in prompts)
     ids = np.full((n, lp), st.pad, dtype=np.int64)
     real = np.zeros((n, lp), dtype=bool)
@@ -236,31 +352,30 @@ def _prefill(st: _Batch, prompts: list, res: SelfSpecResult) -> np.ndarray:
     pos = np.maximum(np.arange(lp)[None] - (lp - st.next_pos)[:, None], 0)
     causal = np.tril(np.ones((lp, lp), dtype=bool))[None] & real[:, None, :]
     causal |= np.eye(lp, dtype=bool)[None]
-    top, _ = st.backend.prefill(st.cache, ids, pos, causal[:, None], keep=lp, sampling=st.sampling(pos))
-    res.forwards += 1
+    top, _ = st.backend.prefill(st.cache, ids, pos, causal[:, None], keep=lp, sampling=st.inputs(pos))
+    _forward(st, res)
     st.valid = real
     seed = top[:, -1, 0].astype(np.int64)
-    return _advance(st, res, [[int(s)] for s in seed], seed, first=True)
+    return _advance(st, res, budget, [[int(s)] for s in seed], seed, first=True)
 
 
-def _draft(st: _Batch, seed: np.ndarray, L: int, res: SelfSpecResult) -> list:
-    """Each row's verification trie: the seed alone (ar), or the W best sequences of one draft
-    forward over [seed, MASK x (L-1)]."""
-    width = st.opts.width()
+def _draft(st: _Batch, L: int, width: int, res: SelfSpecResult) -> list:
+    """Each row's verification trie: the seed alone (ar, ``width`` 0), or the ``width`` best
+    sequences of one draft forward over [seed, MASK x (L-1)]."""
     if width == 0:
-        return [Trie(np.array([s]), np.array([-1]), np.array([0])) for s in seed]
+        return [Trie(np.array([s]), np.array([-1]), np.array([0])) for s in st.seed]
     b = len(st.rows)
     block = np.full((b, L), st.mask_id, dtype=np.int64)
-    block[:, 0] = seed
+    block[:, 0] = st.seed
     bpos = st.next_pos[:, None] + np.arange(L)[None]
     d_ids, d_p = st.backend.verify(st.cache, block, bpos, st.mask(np.ones((b, L, L), dtype=bool)))
-    res.forwards += 1
-    return [build_trie(int(seed[r]), d_ids[r, 1:], d_p[r, 1:], width) for r in range(b)]
+    _forward(st, res)
+    return [build_trie(int(st.seed[r]), d_ids[r, 1:], d_p[r, 1:], width) for r in range(b)]
 
 
-def _verify(st: _Batch, tries: list, res: SelfSpecResult) -> np.ndarray:
+def _verify(st: _Batch, tries: list, res: SelfSpecResult, budget: list) -> list:
     """One causal forward over every row's trie (a filler node attends itself); each row keeps the
-    KV of its accepted path and emits its tokens and the bonus. Returns the next seeds."""
+    KV of its accepted path and emits its tokens and the bonus (the next seed)."""
     b, t = len(tries), max(len(tr.tokens) for tr in tries)
     tok = np.full((b, t), st.pad, dtype=np.int64)
     depth = np.zeros((b, t), dtype=np.int64)
@@ -276,8 +391,8 @@ def _verify(st: _Batch, tries: list, res: SelfSpecResult) -> np.ndarray:
         n = max(len(p) for p in paths)
         return np.array([p + [p[-1]] * (n - len(p)) for p in paths], dtype=np.int64)
 
-    top, _ = st.backend.prefill(st.cache, tok, qpos, st.mask(tree), keep=keep, sampling=st.sampling(qpos))
-    res.forwards += 1
+    top, _ = st.backend.prefill(st.cache, tok, qpos, st.mask(tree), keep=keep, sampling=st.inputs(qpos))
+    _forward(st, res)
     res.verify_tokens += int(sum(len(tr.tokens) for tr in tries))
     n = max(len(p) for p in paths)
     st.valid = np.concatenate([st.valid, np.array([[i < len(p) for i in range(n)] for p in paths])], axis=1)
@@ -286,59 +401,52 @@ def _verify(st: _Batch, tries: list, res: SelfSpecResult) -> np.ndarray:
         seed[r] = top[r, p[-1], 0]
         emitted.append([int(x) for x in tr.tokens[p[1:]]] + [int(seed[r])])
         st.next_pos[r] += len(p)
-    return _advance(st, res, emitted, seed)
+    return _advance(st, res, budget, emitted, seed)
 
 
-def _diffuse(st: _Batch, seed: np.ndarray, L: int, res: SelfSpecResult) -> np.ndarray:
+def _diffuse(st: _Batch, L: int, threshold: float, res: SelfSpecResult) -> np.ndarray:
     """The rows' blocks [seed, MASK x (L-1)] denoised by draft forwards (bidirectional over the
     prefix, no KV written): each commits a row's masked positions whose top-1 probability reaches
-    the threshold, and at least its most confident one. (B,L) finished blocks."""
+    ``threshold``, and at least its most confident one. (B,L) finished blocks."""
     b = len(st.rows)
     block = np.full((b, L), st.mask_id, dtype=np.int64)
-    block[:, 0] = seed
+    block[:, 0] = st.seed
     bpos = st.next_pos[:, None] + np.arange(L)[None]
     mask = st.mask(np.ones((b, L, L), dtype=bool))
     while (masked := block == st.mask_id).any():
         d_ids, d_p = st.backend.verify(st.cache, block, bpos, mask)
-        res.forwards += 1
+        _forward(st, res, np.flatnonzero(masked.any(axis=1)))
         conf = np.where(masked, d_p[:, :, 0], -1.0)
-        take = masked & (conf >= st.opts.threshold)
+        take = masked & (conf >= threshold)
         rows = np.flatnonzero(masked.any(axis=1))
         take[rows, conf[rows].argmax(axis=1)] = True
         block[take] = d_ids[:, :, 0][take]
     return block
 
 
-def _commit_block(st: _Batch, block: np.ndarray, res: SelfSpecResult) -> np.ndarray:
+def _commit_block(st: _Batch, block: np.ndarray, res: SelfSpecResult, budget: list) -> list:
     """One causal forward over the finished blocks: their KV, and each row's next seed. Emits the
     block after its seed, then the new seed."""
     b, L = block.shape
     bpos = st.next_pos[:, None] + np.arange(L)[None]
     top, _ = st.backend.prefill(st.cache, block, bpos, st.mask(np.broadcast_to(np.tril(np.ones((L, L), bool)), (b, L, L))),
                                 keep=L)
-    res.forwards += 1
+    _forward(st, res)
     res.verify_tokens += b * L
     st.valid = np.concatenate([st.valid, np.ones((b, L), dtype=bool)], axis=1)
     seed = top[:, -1, 0].astype(np.int64)
     st.next_pos += L
-    return _advance(st, res, [[int(x) for x in block[r, 1:]] + [int(seed[r])] for r in range(b)], seed)
+    return _advance(st, res, budget, [[int(x) for x in block[r, 1:]] + [int(seed[r])] for r in range(b)], seed)
 
 
-def _advance(st: _Batch, res: SelfSpecResult, emitted: list, seed: np.ndarray, first: bool = False) -> np.ndarray:
-    """The rows' emitted tokens to their results; the finished rows leave the batch (their cache
-    with them). Returns the seeds of the rows that go on."""
-    _emit(res, st, emitted, first)
-    alive = _alive(res, st)
-    if st.on_tokens is not None:
-        going = set(alive.tolist())
-        for r, row in enumerate(st.rows):
-            st.on_tokens(row, res.tokens[row], None if r in going else res.stop[row])
-    st.keep(alive)
-    return seed[alive]
-
-
-def _emit(res: SelfSpecResult, st: _Batch, emitted: list, first: bool = False) -> None:
-    """Append each batch row's emitted tokens to its result row, cut at EOS / max_new_tokens."""
+def _advance(st: _Batch, res: SelfSpecResult, budget: list, emitted: list, seed: np.ndarray,
+             first: bool = False) -> list:
+    """The rows' emitted tokens to their results (cut at EOS and at each row's ``budget``); the
+    finished rows leave the batch (their cache with them). Returns the report: [(row, tokens so
+    far, stop reason or None)] of every row the forward served."""
+    st.seed = seed
+    report = []
+    going = []
     for r, toks in enumerate(emitted):
         row = st.rows[r]
         if not first:
@@ -347,12 +455,12 @@ def _emit(res: SelfSpecResult, st: _Batch, emitted: list, first: bool = False) -
             if x == st.eos:
                 res.stop[row] = "eos"
                 break
-            if len(res.tokens[row]) >= st.opts.max_new_tokens:
+            if len(res.tokens[row]) >= budget[row]:
                 break
             res.tokens[row].append(x)
-
-
-def _alive(res: SelfSpecResult, st: _Batch) -> np.ndarray:
-    """The batch rows still decoding."""
-    return np.array([r for r, row in enumerate(st.rows)
-                     if res.stop[row] != "eos" and len(res.tokens[row]) < st.opts.max_new_tokens], dtype=np.int64)
+        alive = res.stop[row] != "eos" and len(res.tokens[row]) < budget[row]
+        report.append((row, res.tokens[row], None if alive else res.stop[row]))
+        if alive:
+            going.append(r)
+    st.keep(np.array(going, dtype=np.int64))
+    return report

@@ -144,11 +144,12 @@ def _prompt(inputs: dict, chat) -> tuple[str, str]:
         raise BadRequest(f"messages: {e}") from None
 
 
-def parse_request(inputs: dict, tokenizer, limits: Limits, defaults: dict, chat=None) -> Request:
+def parse_request(inputs: dict, tokenizer, limits: Limits, defaults: dict, chat=None,
+                  strategies: tuple[str, ...] = STRATEGIES) -> Request:
     """A Request from one request's tensors, or BadRequest naming the input at fault.
     ``defaults``: the server's decode options (strategy, beam_width, gen_length..., and the row
     options every request starts from: temperature, seed, max_tokens, stop...); ``chat``: renders
-    a ``messages`` input (Runtime.chat_prompt)."""
+    a ``messages`` input (Runtime.chat_prompt); ``strategies``: the model's (Runtime.strategies)."""
     prompt, source = _prompt(inputs, chat)
     n_prompt = len(tokenizer.encode(prompt))
     if n_prompt == 0:
@@ -159,9 +160,9 @@ def parse_request(inputs: dict, tokenizer, limits: Limits, defaults: dict, chat=
     if max_tokens is not None and not 1 <= int(max_tokens) <= limits.max_tokens:
         raise BadRequest(f"max_tokens: {int(max_tokens)} is outside 1..{limits.max_tokens} (the server's token budget)")
     strategy = _scalar(inputs, "strategy")
-    strategy = defaults.get("strategy", "vanilla") if strategy is None else _text(strategy, "strategy")
-    if strategy not in STRATEGIES:
-        raise BadRequest(f"strategy: unknown strategy {strategy!r} (expected one of {', '.join(STRATEGIES)})")
+    strategy = defaults.get("strategy", OPTIONS["strategy"].default) if strategy is None else _text(strategy, "strategy")
+    if strategy not in strategies:
+        raise BadRequest(f"strategy: unknown strategy {strategy!r} (expected one of {', '.join(strategies)})")
     beam_width = _scalar(inputs, "beam_width")
     if beam_width is not None and not 1 <= int(beam_width) <= limits.max_beam_width:
         raise BadRequest(f"beam_width: {int(beam_width)} is outside 1..{limits.max_beam_width} (the server's cap)")
@@ -233,8 +234,7 @@ def check_with_runtime(runtime, request: Request) -> None:
     """BadRequest for what the runtime would refuse (the checks of ``generate``), before the request
     joins a batch: a refusal inside a batch would fail its other rows too."""
     try:
-        runtime.decode_config(**request.decode)
-        runtime.check_rows([request.row])
+        runtime.check_rows([request.row], runtime.decode_config(**request.decode))
     except UserError as e:
         raise BadRequest(str(e)) from None
 

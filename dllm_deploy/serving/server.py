@@ -132,7 +132,8 @@ class Handlers:
 
     def _parse(self, inputs: dict):
         check_parameters(getattr(inputs, "parameters", None))
-        request = parse_request(inputs, self.runtime.tokenizer, self.limits, self.defaults, chat=self.runtime.chat_prompt)
+        request = parse_request(inputs, self.runtime.tokenizer, self.limits, self.defaults, chat=self.runtime.chat_prompt,
+                                strategies=self.runtime.strategies)
         check_with_runtime(self.runtime, request)
         return request
 

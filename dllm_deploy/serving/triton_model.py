@@ -60,7 +60,8 @@ class TritonPythonModel:
 
     def _parse(self, request):
         inputs = self._inputs(request)
-        parsed = parse_request(inputs, self.runtime.tokenizer, self.limits, self.defaults, chat=self.runtime.chat_prompt)
+        parsed = parse_request(inputs, self.runtime.tokenizer, self.limits, self.defaults, chat=self.runtime.chat_prompt,
+                               strategies=self.runtime.strategies)
         check_with_runtime(self.runtime, parsed)
         return parsed
 

@@ -52,13 +52,36 @@ def test_cpp_equals_python(cpp_build, artifact, python_runs, case, tmp_path):
     rows = generate_many(cpp_build, artifact, PROMPTS, {**CASES[case], "gen_length": 20}, tmp_path,
                          extra=("--batch-size", "4"))
     want = python_runs[case]
+    eos = json.loads((artifact / "manifest.json").read_text())["model"]["eos_token_id"]
     for r, row in enumerate(rows):
-        assert row["token_ids"] == want.tokens[r], (case, r)
+        assert row["token_ids"] == want.tokens[r] + [eos] * (want.stop[r] == "eos"), (case, r)   # up to and with EOS
         hist = {str(k): v for k, v in Counter(want.accepted[r]).items()}
         assert row["accepted_hist"] == hist, (case, r)
         assert row["finish_reason"] == {"eos": "eos", "length": "length"}[want.stop[r]]
     if case == "tree-spec-4":      # lossless: the greedy strategies agree
         assert want.tokens == python_runs["ar"].tokens
+
+
+@pytest.mark.parametrize("strategy", ["tree-spec", "fastdiffuser"])
+def test_cpp_streams_and_stops_as_python(cpp_build, artifact, strategy):
+    """--stream --json: each round's chunks, as Python's Runtime.stream cuts them; --stop ends a row
+    where Python's does."""
+    from dllm_deploy import Runtime
+    rt = Runtime.load(artifact=str(artifact))
+    prompt = PROMPTS[2]
+    full = rt.generate([prompt], strategy=strategy, gen_length=20)[0]
+    stop = full.text[len(full.text) // 2:][:1]
+    for extra, row_stop in (([], ()), (["--stop", stop], (stop,))):
+        r = run_generate(cpp_build, "--artifact", str(artifact), "--prompt", prompt, "--strategy", strategy,
+                         "--gen-length", "20", "--stream", "--json", *extra)
+        assert r.returncode == 0, r.stderr
+        lines = [json.loads(x) for x in r.stdout.splitlines()]
+        chunks, result = lines[:-1], lines[-1]
+        want = list(rt.stream([prompt], strategy=strategy, gen_length=20, stop=list(row_stop) or None))
+        assert [(c["delta"], c["token_ids"], c["forwards"], c["finish_reason"]) for c in chunks] == \
+            [(c["delta"], c["token_ids"], c["forwards"], c["finish_reason"]) for c in want]
+        assert result["text"] == "".join(c["delta"] for c in want) and result["finish_reason"] == want[-1]["finish_reason"]
+    assert result["finish_reason"] == "stop" and stop not in result["text"]
 
 
 def test_cpp_refuses_masked_options(cpp_build, artifact):

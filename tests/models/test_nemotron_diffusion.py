@@ -226,6 +226,17 @@ def test_cli_generate_and_bench(backends, tmp_path, capsys):
     assert main(["generate", "--artifact", art, "--prompt", "upper: ab", "--gen-length", "12", "--stream"]) == 0
     streamed = capsys.readouterr().out
     assert streamed.endswith("\n") and streamed[:-1] == d["text"]       # the rounds' text, then a newline
+    assert main(["generate", "--artifact", art, "--prompt", "upper: ab", "--prompt", "kv", "--gen-length", "12",
+                 "--stream", "--json"]) == 0
+    lines = [json.loads(x) for x in capsys.readouterr().out.splitlines()]
+    chunks = [c for c in lines if "index" in c]
+    assert "".join(c["delta"] for c in chunks if c["index"] == 0) == d["text"]
+    assert lines[-1]["results"][0]["token_ids"] == d["token_ids"]
+    stop = d["text"][len(d["text"]) // 2:][:2]
+    assert stop and main(["generate", "--artifact", art, "--prompt", "upper: ab", "--gen-length", "12", "--stop", stop,
+                          "--json"]) == 0
+    cut = json.loads(capsys.readouterr().out)
+    assert cut["text"] == d["text"][:d["text"].index(stop)] and cut["finish_reason"] == "stop"
     for args, msg in ((["--cache", "dual"], "--cache does not apply to a self-speculative model"),
                       (["--strategy", "spd"], "unknown strategy 'spd' for a self-speculative model"),
                       (["--gen-length", "400"], "exceeds the model's max_seq 256")):
@@ -241,15 +252,33 @@ def test_cli_generate_and_bench(backends, tmp_path, capsys):
 
 
 def test_runtime_api(backends):
-    """Runtime.self_spec decodes (ar's tokens, batched); Runtime.generate refuses in one line."""
+    """Runtime.self_spec and Runtime.generate / stream decode (ar's tokens, batched; per-row budgets,
+    sampling and stop strings; chunks that add up to the result)."""
     from dllm_deploy import Runtime
     rt = Runtime.load(artifact=str(backends[0]["ort"].folder))
     spec = rt.self_spec(["upper: ab", "kv"], max_new_tokens=10, beam_width=2)
     ar = rt.self_spec(["upper: ab", "kv"], strategy="ar", max_new_tokens=10)
     assert [r["token_ids"] for r in spec] == [r["token_ids"] for r in ar] and len(spec[0]["token_ids"]) == 10
     assert spec[0]["text"] == rt.tokenizer.decode(spec[0]["token_ids"])
-    with pytest.raises(UserError, match="decodes self-speculatively"):
-        rt.generate("upper: ab")
+    from dllm_deploy.runtime.rows import RowOptions
+    assert rt.strategies == ("ar", "linear-spec", "tree-spec", "fastdiffuser") and rt.joins_batches()
+    gen = rt.generate(["upper: ab", "kv"], strategy="tree-spec", beam_width=2, gen_length=10)
+    assert [r.token_ids for r in gen] == [r["token_ids"] for r in ar] and gen[0].forwards == spec[0]["forwards"]
+    assert sum(k * v for k, v in gen[0].accepted_hist.items()) + 1 == 10     # the prompt's forward gave the first
+    sampled = RowOptions(temperature=0.9, seed=4)
+    rows = [sampled, RowOptions(max_tokens=4)]
+    alone = rt.generate(["upper: ab"], [sampled], strategy="ar", gen_length=10)[0]
+    mixed = rt.generate(["upper: ab", "kv"], rows, strategy="tree-spec", gen_length=10)
+    assert mixed[0].token_ids == alone.token_ids != gen[0].token_ids          # sampled: batch-invariant, lossless
+    assert mixed[1].token_ids == gen[1].token_ids[:4] and mixed[1].finish_reason == "length"
+    chunks = list(rt.stream(["upper: ab", "kv"], rows=rows, strategy="linear-spec", gen_length=10))
+    for i, r in enumerate(mixed):
+        mine = [c for c in chunks if c["index"] == i]
+        assert sum((c["token_ids"] for c in mine), []) == r.token_ids and mine[-1]["finish_reason"] == r.finish_reason
+    with pytest.raises(UserError, match="--cache does not apply to a self-speculative model"):
+        rt.generate("upper: ab", cache="dual")
+    with pytest.raises(UserError, match="fastdiffuser decodes greedily"):
+        rt.generate(["upper: ab"], [sampled], strategy="fastdiffuser")
     with pytest.raises(UserError, match="unknown self-speculative option"):
         rt.self_spec("x", cache="dual")
 
@@ -351,3 +380,31 @@ def test_fastdiffuser_follows_the_block_diffusion_rule(backends):
     assert one.forwards == 1 + blocks * cfg.block_size      # L-1 drafts and a causal forward per block
     with pytest.raises(UserError, match="greedily"):
         _run(bes["ort"], cfg, prompts, strategy="fastdiffuser", temperature=0.5)
+
+
+def test_rows_join_a_running_batch(backends):
+    """Continuous batching: rows that join at round boundaries (the scheduler's join) decode what
+    they decode alone, and so do the rows already running; on torch and ONNX Runtime."""
+    from dllm_deploy.runtime.rows import RowOptions
+    from dllm_deploy.runtime.self_spec import SelfSpecOptions, SelfSpecRun
+    bes, cfg, _ = backends
+    prompts = _prompts()
+
+    def decode(be, opts, prompts, rows, join=None):
+        run = SelfSpecRun(be, prompts, opts, cfg.mask_token_id, cfg.eos_token_id, cfg.block_size, rows=rows, join=join)
+        for _ in run:
+            pass
+        return run.res
+
+    for name, be in bes.items():
+        for strategy in ("linear-spec", "tree-spec", "fastdiffuser"):
+            sampled = RowOptions() if strategy == "fastdiffuser" else RowOptions(temperature=0.8, seed=3)
+            rows = [RowOptions(), sampled, RowOptions(max_tokens=7), RowOptions(), RowOptions()]
+            order = [prompts[0], prompts[1], prompts[2], prompts[3], prompts[1]]
+            pending = [[(order[2], rows[2])], [], [(order[3], rows[3]), (order[4], rows[4])]]
+            opts = SelfSpecOptions(strategy=strategy, beam_width=2, max_new_tokens=20)
+            res = decode(be, opts, order[:2], rows[:2], join=lambda: pending.pop(0) if pending else [])
+            assert not pending and len(res.tokens) == 5
+            for i, (p, o) in enumerate(zip(order, rows)):
+                alone = decode(be, opts, [p], [o])
+                assert (res.tokens[i], res.accepted[i]) == (alone.tokens[0], alone.accepted[0]), (name, strategy, i)

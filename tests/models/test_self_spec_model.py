@@ -3,22 +3,15 @@ self-speculation to pay, and speculation never changes its autoregressive output
 batch 4, evaluation prompts of every task family)."""
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
-
-CKPT = Path(__file__).resolve().parents[2] / "checkpoints" / "tiny-selfspec"
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory):
+def runs(selfspec_artifact):
     from dllm_deploy.evals import tasks
-    from dllm_deploy.export.exporter import export
     from dllm_deploy.runtime.backends.ort_backend import load_ort
     from dllm_deploy.runtime.self_spec import SelfSpecOptions, generate
-    art = tmp_path_factory.mktemp("selfspec") / "art"
-    export(str(CKPT), art, log=lambda m: None)
-    loaded = load_ort(art)
+    loaded = load_ort(selfspec_artifact)
     be, tok, c = loaded.backend, loaded.tokenizer, loaded.backend.config
     examples = tasks.eval_split(tasks.FAMILIES, 2)
     prompts = [tok.encode(e.prompt) for e in examples]

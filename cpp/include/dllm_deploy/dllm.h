@@ -227,16 +227,26 @@ typedef struct dllm_self_spec_config {
   float temperature;       /* 0 (default): greedy; else sampled with the seed's counter-based noise */
   uint64_t seed;           /* the sampler's key (0) */
   double threshold;        /* fastdiffuser: the confidence a masked position commits at (0.9) */
+  const char* const* stop; /* stop_count stop strings (UTF-8, non-empty): a row's text ends before
+                              the first one found, finish reason "stop" (NULL / 0: none) */
+  size_t stop_count;
 } dllm_self_spec_config;
 
 DLLM_API void dllm_self_spec_config_init(dllm_self_spec_config* cfg);
 /* 1 when the runtime's artifact decodes self-speculatively, else 0 (NULL: 0). */
 DLLM_API int32_t dllm_runtime_self_speculative(const dllm_runtime* rt);
-/* The n prompts decoded together; on success out[i] owns prompt i's result (token ids, text,
- * stats: forwards are the row's own, accepted_hist[k] = rounds that emitted k tokens; finish
- * reason "eos" or "length"); on failure every out[i] is NULL. cfg NULL: the defaults. */
+/* The n prompts decoded together; on success out[i] owns prompt i's result (token ids up to and
+ * including an EOS, text, stats: forwards are the row's own, accepted_hist[k] = rounds that
+ * emitted k tokens; finish reason "eos", "stop" or "length"); on failure every out[i] is NULL.
+ * cfg NULL: the defaults. */
 DLLM_API dllm_error* dllm_self_spec_generate(dllm_runtime* rt, const char* const* prompts, size_t n,
                                              const dllm_self_spec_config* cfg, dllm_result** out);
+/* dllm_self_spec_generate with on_chunk called on the calling thread after every forward that
+ * made text final (a round's tokens are final), as in dllm_generate_batch (dllm_chunk.index names
+ * the prompt; a non-zero return cancels every unfinished row: finish reason "cancelled"). */
+DLLM_API dllm_error* dllm_self_spec_generate_stream(dllm_runtime* rt, const char* const* prompts, size_t n,
+                                                    const dllm_self_spec_config* cfg, dllm_chunk_callback on_chunk,
+                                                    void* user_data, dllm_result** out);
 
 /* ---- results ------------------------------------------------------------------------------ */
 

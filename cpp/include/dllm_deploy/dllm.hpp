@@ -182,6 +182,7 @@ struct SelfSpecConfig {
   float temperature = 0.0f;
   uint64_t seed = 0;
   double threshold = 0.9;              // fastdiffuser
+  std::vector<std::string> stop;       // stop strings (finish reason "stop")
 };
 
 class Runtime {
@@ -221,46 +222,29 @@ class Runtime {
   // (optional) sees every row's chunks, Chunk::index naming the prompt.
   std::vector<Result> generate_batch(const std::vector<std::string>& prompts, const Options& options,
                                      const ChunkCallback& on_chunk = ChunkCallback()) {
-    struct Call {
-      const ChunkCallback& fn;
-      std::exception_ptr error;
-    } call{on_chunk, nullptr};
-    auto trampoline = [](const dllm_chunk* c, void* data) -> int {
-      Call& self = *static_cast<Call*>(data);
-      try {
-        return self.fn(Chunk(*c)) ? 0 : 1;
-      } catch (...) {
-        self.error = std::current_exception();
-        return 1;
-      }
-    };
-    std::vector<const char*> texts;
-    for (const std::string& p : prompts) texts.push_back(p.c_str());
-    std::vector<dllm_result*> raw(prompts.size(), nullptr);
-    detail::check(dllm_generate_batch(h_.get(), texts.data(), texts.size(), options.get(),
-                                      on_chunk ? dllm_chunk_callback(trampoline) : nullptr, &call, raw.data()));
-    std::vector<Result> results;
-    for (dllm_result* r : raw) results.emplace_back(r);
-    if (call.error) std::rethrow_exception(call.error);
-    return results;
+    const std::vector<const char*> texts = c_strings(prompts);
+    return chunked(prompts.size(), on_chunk, [&](dllm_chunk_callback cb, void* data, dllm_result** raw) {
+      return dllm_generate_batch(h_.get(), texts.data(), texts.size(), options.get(), cb, data, raw);
+    });
   }
 
   // A self-speculative model (docs/self_speculation.md): the prompts decoded together, one result
   // each (dllm_self_spec_generate).
   bool self_speculative() const { return dllm_runtime_self_speculative(h_.get()) != 0; }
-  std::vector<Result> self_spec_generate(const std::vector<std::string>& prompts, const SelfSpecConfig& config) {
+  // on_chunk (optional) sees each round's final text as chunks (dllm_self_spec_generate_stream).
+  std::vector<Result> self_spec_generate(const std::vector<std::string>& prompts, const SelfSpecConfig& config,
+                                         const ChunkCallback& on_chunk = ChunkCallback()) {
     dllm_self_spec_config c;
     dllm_self_spec_config_init(&c);
     c.strategy = config.strategy.c_str();
     c.beam_width = config.beam_width, c.block_size = config.block_size, c.max_new_tokens = config.max_new_tokens;
     c.temperature = config.temperature, c.seed = config.seed, c.threshold = config.threshold;
-    std::vector<const char*> texts;
-    for (const std::string& p : prompts) texts.push_back(p.c_str());
-    std::vector<dllm_result*> raw(prompts.size(), nullptr);
-    detail::check(dllm_self_spec_generate(h_.get(), texts.data(), texts.size(), &c, raw.data()));
-    std::vector<Result> results;
-    for (dllm_result* r : raw) results.emplace_back(r);
-    return results;
+    const std::vector<const char*> stop = c_strings(config.stop);
+    c.stop = stop.data(), c.stop_count = stop.size();
+    const std::vector<const char*> texts = c_strings(prompts);
+    return chunked(prompts.size(), on_chunk, [&](dllm_chunk_callback cb, void* data, dllm_result** raw) {
+      return dllm_self_spec_generate_stream(h_.get(), texts.data(), texts.size(), &c, cb, data, raw);
+    });
   }
 
   int max_seq() const { return dllm_runtime_max_seq(h_.get()); }
@@ -268,6 +252,37 @@ class Runtime {
   dllm_runtime* get() noexcept { return h_.get(); }
 
  private:
+  static std::vector<const char*> c_strings(const std::vector<std::string>& strings) {
+    std::vector<const char*> out;
+    for (const std::string& s : strings) out.push_back(s.c_str());
+    return out;
+  }
+
+  // `call(callback, user_data, raw)` with on_chunk behind a C trampoline (an exception it throws
+  // cancels the generation and is rethrown here): one Result per prompt.
+  template <class Call>
+  static std::vector<Result> chunked(size_t n, const ChunkCallback& on_chunk, Call call) {
+    struct State {
+      const ChunkCallback& fn;
+      std::exception_ptr error;
+    } state{on_chunk, nullptr};
+    auto trampoline = [](const dllm_chunk* c, void* data) -> int {
+      State& self = *static_cast<State*>(data);
+      try {
+        return self.fn(Chunk(*c)) ? 0 : 1;
+      } catch (...) {
+        self.error = std::current_exception();
+        return 1;
+      }
+    };
+    std::vector<dllm_result*> raw(n, nullptr);
+    detail::check(call(on_chunk ? dllm_chunk_callback(trampoline) : nullptr, &state, raw.data()));
+    std::vector<Result> results;
+    for (dllm_result* r : raw) results.emplace_back(r);
+    if (state.error) std::rethrow_exception(state.error);
+    return results;
+  }
+
   std::unique_ptr<dllm_runtime, detail::RuntimeDeleter> h_;
 };
 
