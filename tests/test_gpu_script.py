@@ -53,11 +53,12 @@ def test_a_gpu_driver_without_cuda_torch_is_refused_too(tmp_path):
 def test_script_parses_and_runs_each_check_under_a_limit():
     assert subprocess.run(["bash", "-n", str(SCRIPT)]).returncode == 0
     text = SCRIPT.read_text()
-    for check in ("check_decode_cuda.py", "check_bench_gpu.py", "check_ort_cuda.py", "check_moe_cuda.py", "check_trt.py"):
+    for check in ("check_decode_cuda.py", "check_bench_gpu.py", "check_ort_cuda.py", "check_moe_cuda.py", "check_self_spec_cuda.py",
+                  "check_trt.py"):
         assert (ROOT / "tests" / "gpu" / check).exists() and check in text
     limits = [int(line.split("|")[1]) for line in text.splitlines() if line.strip().startswith('"') and "|" in line
               and line.split("|")[1].isdigit()]
-    assert len(limits) == 5 and sum(limits) + 5 * 10 <= 9 * 60        # timeout -k 10 each: under 9 minutes
+    assert len(limits) == 6 and sum(limits) + 6 * 10 <= 9 * 60        # timeout -k 10 each: under 9 minutes
 
 
 def test_bench_summary_line_from_the_h200_bench_json():

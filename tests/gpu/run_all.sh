@@ -7,7 +7,8 @@
 # Rows: torch on CUDA decodes the CPU's tokens with the committed weights (check_decode_cuda.py);
 # the bench with torch on CUDA, W 1-16 (check_bench_gpu.py); ONNX Runtime's CUDA provider against
 # its CPU one (check_ort_cuda.py; skipped with the CPU build of onnxruntime); the same for the
-# mixture-of-experts graphs, both expert forms, fp32 and int4 (check_moe_cuda.py); TensorRT engines
+# mixture-of-experts graphs, both expert forms, fp32 and int4 (check_moe_cuda.py); self-speculative
+# decoding of the tri-mode model with torch on CUDA, spec = ar (check_self_spec_cuda.py); TensorRT engines
 # built through Polygraphy and their tokens against ONNX Runtime (check_trt.py; skipped without
 # tensorrt or polygraphy).
 #
@@ -45,10 +46,11 @@ export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 
 # name | time limit (s) | command
 CHECKS=(
-    "decode_cuda|110|$PY tests/gpu/check_decode_cuda.py --n 2"
-    "bench_torch_cuda|160|$PY tests/gpu/check_bench_gpu.py --out $LOGS/bench --backends torch --no-plots"
+    "decode_cuda|70|$PY tests/gpu/check_decode_cuda.py --n 2"
+    "bench_torch_cuda|130|$PY tests/gpu/check_bench_gpu.py --out $LOGS/bench --backends torch --no-plots"
     "ort_cuda|60|$PY tests/gpu/check_ort_cuda.py --n 2"
     "moe_ort_cuda|60|$PY tests/gpu/check_moe_cuda.py"
+    "self_spec_cuda|45|$PY tests/gpu/check_self_spec_cuda.py"
     "trt|100|$PY tests/gpu/check_trt.py --n 1"
 )
 
