@@ -20,21 +20,27 @@ from .runtime.self_spec import LOSSY, STRATEGIES, SelfSpecOptions, generate, mea
 DEFAULT_STRATEGIES = ("ar", "linear-spec", "tree-spec", "fastdiffuser")
 
 
+AHEAD = "+ahead"     # a strategy name's suffix: linear-spec / tree-spec with draft_ahead (SelfSpecOptions)
+
+
 def configurations(strategies, widths) -> list[tuple[str, int]]:
-    """(strategy, W) pairs: ar and linear-spec once, tree-spec at each W (W 1 is linear-spec)."""
-    bad = [s for s in strategies if s not in STRATEGIES]
+    """(strategy, W) pairs: ar and linear-spec once, tree-spec at each W (W 1 is linear-spec);
+    ``linear-spec+ahead`` / ``tree-spec+ahead``: the same, drafting ahead in the verify forward."""
+    base = [s.removesuffix(AHEAD) if s.removesuffix(AHEAD) in ("linear-spec", "tree-spec") else s for s in strategies]
+    bad = [s for s, b in zip(strategies, base) if b not in STRATEGIES]
     if bad:
-        raise UserError(f"unknown strategy {bad[0]!r} for a self-speculative artifact (some of {', '.join(STRATEGIES)})")
-    if "tree-spec" in strategies and (not widths or min(widths) < 1):
+        raise UserError(f"unknown strategy {bad[0]!r} for a self-speculative artifact (some of {', '.join(STRATEGIES)}; "
+                        f"linear-spec{AHEAD}, tree-spec{AHEAD})")
+    if "tree-spec" in base and (not widths or min(widths) < 1):
         raise UserError("tree-spec needs --beam-widths >= 1")
     out = []
-    for s in dict.fromkeys(strategies):
-        out += [(s, w) for w in widths if w > 1] if s == "tree-spec" else [(s, {"ar": 0}.get(s, 1))]
+    for s, b in dict.fromkeys(zip(strategies, base)):
+        out += [(s, w) for w in widths if w > 1] if b == "tree-spec" else [(s, {"ar": 0}.get(s, 1))]
     return out
 
 
 def label(strategy: str, width: int) -> str:
-    return f"{strategy} W{width}" if strategy == "tree-spec" else strategy
+    return f"{strategy} W{width}" if strategy.startswith("tree-spec") else strategy
 
 
 # precisions whose graphs quantize activations per call (one scale over every token of the call): a
@@ -60,8 +66,8 @@ def run(artifact: str, strategies=DEFAULT_STRATEGIES, widths=(2, 4, 8), families
 
     def once(strategy, width, precision):
         be = loaded[precision].backend
-        opts = SelfSpecOptions(strategy=strategy, beam_width=max(width, 1), max_new_tokens=max_new_tokens,
-                               block_size=block_size)
+        opts = SelfSpecOptions(strategy=strategy.removesuffix(AHEAD), beam_width=max(width, 1),
+                               max_new_tokens=max_new_tokens, block_size=block_size, draft_ahead=strategy.endswith(AHEAD))
         rows, seconds, forwards, verified, rounds = [None] * len(prompts), 0.0, 0, 0, []
         for idx in batches:
             t0 = time.perf_counter()

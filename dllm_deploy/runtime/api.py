@@ -185,11 +185,12 @@ class Runtime:
         """A self-speculative model's decode (runtime/self_spec.py; docs/self_speculation.md): one
         dict per prompt (SelfSpecResult.rows: text, token_ids, tokens, finish_reason, rounds, tokens_per_round) plus the
         batch's forwards. ``options``: SelfSpecOptions' fields (beam_width, block_size,
-        max_new_tokens, temperature, seed, threshold)."""
+        max_new_tokens, temperature, seed, threshold, draft_ahead)."""
         from .self_spec import SelfSpecOptions, generate
         if self.backend.capabilities.attention != "causal":
             raise UserError(f"a {self.config.layout} model does not decode self-speculatively")
-        unknown = sorted(set(options) - {"beam_width", "block_size", "max_new_tokens", "temperature", "seed", "threshold"})
+        unknown = sorted(set(options) - {"beam_width", "block_size", "max_new_tokens", "temperature", "seed", "threshold",
+                                         "draft_ahead"})
         if unknown:
             raise UserError(f"unknown self-speculative option(s): {', '.join(unknown)}")
         prompts = [prompts] if isinstance(prompts, str) else list(prompts)

@@ -50,6 +50,8 @@ class SelfSpecOptions:
     temperature: float = 0.0         # 0: greedy; else sampled with counter-based noise (seed, request, position)
     seed: int = 0
     threshold: float = 0.9           # fastdiffuser: the confidence a masked position commits at
+    draft_ahead: bool = False        # linear-spec / tree-spec: the verify forward also drafts the next block
+                                     # (fewer forwards; on a CPU, where a forward costs per token, slower)
 
     def check(self) -> None:
         if self.strategy not in STRATEGIES:
@@ -172,6 +174,7 @@ class _Batch:
         self.valid = np.zeros((len(prompts), 0), dtype=bool)
         self.next_pos = np.array([len(p) for p in prompts], dtype=np.int64)
         self.seed = np.zeros(len(prompts), dtype=np.int64)
+        self.ahead: list = [None] * len(prompts)        # per row: the next block's draft (ids, probs), or None
 
     def inputs(self, pos: np.ndarray) -> dict | None:
         """The graphs' sampling inputs for queries at ``pos`` (B,T): each predicts position pos+1."""
@@ -189,6 +192,7 @@ class _Batch:
         if self.sampling is not None:
             self.sampling.take(rows)
         self.rows = [self.rows[r] for r in rows]
+        self.ahead = [self.ahead[r] for r in rows]
         self.trim()
 
     def trim(self) -> None:
@@ -218,6 +222,7 @@ class _Batch:
             mine.stack(other.sampling or RowSampling([RowOptions()] * len(other.rows)))
             self.sampling = mine
         self.rows = self.rows + other.rows
+        self.ahead = self.ahead + other.ahead
         self.trim()
 
 
@@ -295,7 +300,7 @@ class SelfSpecRun:
                 yield _commit_block(st, block, res, self.budget)
             else:
                 tries = _draft(st, self.L, opts.width(), res)
-                yield _verify(st, tries, res, self.budget)
+                yield _verify(st, tries, res, self.budget, self.L if opts.draft_ahead else 0)
             res.seconds = time.perf_counter() - t0
         res.seconds = time.perf_counter() - t0
 
@@ -361,28 +366,49 @@ def _prefill(st: _Batch, prompts: list, res: SelfSpecResult, budget: list) -> li
 
 def _draft(st: _Batch, L: int, width: int, res: SelfSpecResult) -> list:
     """Each row's verification trie: the seed alone (ar, ``width`` 0), or the ``width`` best
-    sequences of one draft forward over [seed, MASK x (L-1)]."""
+    sequences of its draft of [seed, MASK x (L-1)]: the one the last verification made ahead
+    (``st.ahead``), else one draft forward (run for the batch when a row needs it, counted for
+    the rows it served)."""
     if width == 0:
         return [Trie(np.array([s]), np.array([-1]), np.array([0])) for s in st.seed]
     b = len(st.rows)
-    block = np.full((b, L), st.mask_id, dtype=np.int64)
-    block[:, 0] = st.seed
-    bpos = st.next_pos[:, None] + np.arange(L)[None]
-    d_ids, d_p = st.backend.verify(st.cache, block, bpos, st.mask(np.ones((b, L, L), dtype=bool)))
-    _forward(st, res)
-    return [build_trie(int(st.seed[r]), d_ids[r, 1:], d_p[r, 1:], width) for r in range(b)]
+    need = [r for r in range(b) if st.ahead[r] is None]
+    drafts = list(st.ahead)
+    if need:
+        block = np.full((b, L), st.mask_id, dtype=np.int64)
+        block[:, 0] = st.seed
+        bpos = st.next_pos[:, None] + np.arange(L)[None]
+        d_ids, d_p = st.backend.verify(st.cache, block, bpos, st.mask(np.ones((b, L, L), dtype=bool)))
+        _forward(st, res, need)
+        for r in need:
+            drafts[r] = (d_ids[r], d_p[r])
+    st.ahead = [None] * b
+    return [build_trie(int(st.seed[r]), drafts[r][0][1:], drafts[r][1][1:], width) for r in range(b)]
 
 
-def _verify(st: _Batch, tries: list, res: SelfSpecResult, budget: list) -> list:
+def _verify(st: _Batch, tries: list, res: SelfSpecResult, budget: list, ahead: int = 0) -> list:
     """One causal forward over every row's trie (a filler node attends itself); each row keeps the
-    KV of its accepted path and emits its tokens and the bonus (the next seed)."""
-    b, t = len(tries), max(len(tr.tokens) for tr in tries)
+    KV of its accepted path and emits its tokens and the bonus (the next seed). ``ahead`` (L, or 0):
+    the same forward also drafts the next block after each row's first chain (the trie's nodes
+    0..L-1): L masks after it, bidirectional among themselves, each attending the prefix and the
+    chain, at the positions after it, greedy. A row that accepts that whole chain drafts its next
+    round from them (``st.ahead``) instead of a draft forward; what is drafted never changes the
+    output, which is the causal predictions'."""
+    b = len(tries)
+    sizes = [len(tr.tokens) for tr in tries]
+    t = max(sizes) + ahead
     tok = np.full((b, t), st.pad, dtype=np.int64)
     depth = np.zeros((b, t), dtype=np.int64)
     tree = np.broadcast_to(np.eye(t, dtype=bool), (b, t, t)).copy()
+    chain = ahead
     for r, tr in enumerate(tries):
-        m = len(tr.tokens)
+        m = sizes[r]
         tok[r, :m], depth[r, :m], tree[r, :m, :m] = tr.tokens, tr.depth, tr.ancestors()
+        if ahead:
+            tok[r, m:m + ahead] = st.mask_id
+            depth[r, m:m + ahead] = chain + np.arange(ahead)
+            tree[r, m:m + ahead, :chain] = True
+            tree[r, m:m + ahead, m:m + ahead] = True
     qpos = st.next_pos[:, None] + depth
     paths: list = []
 
@@ -391,9 +417,14 @@ def _verify(st: _Batch, tries: list, res: SelfSpecResult, budget: list) -> list:
         n = max(len(p) for p in paths)
         return np.array([p + [p[-1]] * (n - len(p)) for p in paths], dtype=np.int64)
 
-    top, _ = st.backend.prefill(st.cache, tok, qpos, st.mask(tree), keep=keep, sampling=st.inputs(qpos))
+    sampling = st.inputs(qpos)
+    if ahead and sampling is not None:        # the drafted block is greedy (u 0: the top-1, then the pool)
+        sampling["sample_u"] = sampling["sample_u"].copy()
+        for r in range(b):
+            sampling["sample_u"][r, sizes[r]:sizes[r] + ahead] = 0.0
+    top, probs = st.backend.prefill(st.cache, tok, qpos, st.mask(tree), keep=keep, sampling=sampling)
     _forward(st, res)
-    res.verify_tokens += int(sum(len(tr.tokens) for tr in tries))
+    res.verify_tokens += int(sum(sizes))
     n = max(len(p) for p in paths)
     st.valid = np.concatenate([st.valid, np.array([[i < len(p) for i in range(n)] for p in paths])], axis=1)
     emitted, seed = [], np.zeros(b, dtype=np.int64)
@@ -401,6 +432,8 @@ def _verify(st: _Batch, tries: list, res: SelfSpecResult, budget: list) -> list:
         seed[r] = top[r, p[-1], 0]
         emitted.append([int(x) for x in tr.tokens[p[1:]]] + [int(seed[r])])
         st.next_pos[r] += len(p)
+        if ahead and p == list(range(chain)):
+            st.ahead[r] = (top[r, sizes[r]:sizes[r] + ahead], probs[r, sizes[r]:sizes[r] + ahead])
     return _advance(st, res, budget, emitted, seed)
 
 

@@ -157,6 +157,10 @@ def test_spec_equals_ar_and_transformers(backends):
             assert res.forwards == 1 + 2 * max(len(a) for a in res.accepted)   # a draft and a verify per round
         one = _run(be, cfg, prompts[1:2], strategy="tree-spec", beam_width=4, max_new_tokens=24)
         assert one.tokens == want[1:2]
+        for strategy, width in (("linear-spec", 1), ("tree-spec", 4)):     # drafting ahead saves forwards only
+            plain = _run(be, cfg, prompts, strategy=strategy, beam_width=width, max_new_tokens=24)
+            ahead = _run(be, cfg, prompts, strategy=strategy, beam_width=width, max_new_tokens=24, draft_ahead=True)
+            assert ahead.tokens == want and ahead.forwards <= plain.forwards, (name, strategy)
 
 
 def test_sampled_spec_equals_sampled_ar(backends):
@@ -397,12 +401,12 @@ def test_rows_join_a_running_batch(backends):
         return run.res
 
     for name, be in bes.items():
-        for strategy in ("linear-spec", "tree-spec", "fastdiffuser"):
+        for strategy, ahead in (("linear-spec", False), ("tree-spec", False), ("tree-spec", True), ("fastdiffuser", False)):
             sampled = RowOptions() if strategy == "fastdiffuser" else RowOptions(temperature=0.8, seed=3)
             rows = [RowOptions(), sampled, RowOptions(max_tokens=7), RowOptions(), RowOptions()]
             order = [prompts[0], prompts[1], prompts[2], prompts[3], prompts[1]]
             pending = [[(order[2], rows[2])], [], [(order[3], rows[3]), (order[4], rows[4])]]
-            opts = SelfSpecOptions(strategy=strategy, beam_width=2, max_new_tokens=20)
+            opts = SelfSpecOptions(strategy=strategy, beam_width=2, max_new_tokens=20, draft_ahead=ahead)
             res = decode(be, opts, order[:2], rows[:2], join=lambda: pending.pop(0) if pending else [])
             assert not pending and len(res.tokens) == 5
             for i, (p, o) in enumerate(zip(order, rows)):
