@@ -3,7 +3,7 @@
     python tests/gpu/check_self_spec_cuda.py [--n 6] [--gen-length 64] [--device cuda]
 
 Self-speculative decoding of the committed tri-mode model (checkpoints/tiny-selfspec) with the
-torch backend on CUDA: ar, linear-spec and tree-spec at W 2 / 4 / 8 over held-out prompts (batch
+torch backend on CUDA: ar, linear-spec and tree-spec at W 2 / 4 / 8 (and drafting ahead) over held-out prompts (batch
 of all prompts), each strategy's tokens against ar's on the same device (lossless: must be equal),
 ar's against the CPU's, and per strategy tokens per round, forwards and tok/s (median of 3), so
 the question the CPU cannot answer is measured: where a verification of W·(L-1)+1 nodes costs
@@ -22,7 +22,9 @@ from pathlib import Path
 
 CKPT = str(Path(__file__).resolve().parents[2] / "checkpoints" / "tiny-selfspec")
 CONFIGS = [("ar", {"strategy": "ar"}), ("linear-spec", {"strategy": "linear-spec"})] + \
-    [(f"tree-spec W{w}", {"strategy": "tree-spec", "beam_width": w}) for w in (2, 4, 8)]
+    [(f"tree-spec W{w}", {"strategy": "tree-spec", "beam_width": w}) for w in (2, 4, 8)] + \
+    [("linear-spec ahead", {"strategy": "linear-spec", "draft_ahead": True}),
+     ("tree-spec W4 ahead", {"strategy": "tree-spec", "beam_width": 4, "draft_ahead": True})]
 
 
 def main() -> int:
@@ -50,18 +52,14 @@ def main() -> int:
         for _ in range(3):
             sync()
             t0 = time.perf_counter()
-            res = rt.generate(prompts, gen_length=a.gen_length, **kw)
+            res = rt.self_spec(prompts, max_new_tokens=a.gen_length, **kw)     # draft_ahead: no decode flag
             sync()
             walls.append(time.perf_counter() - t0)
-        tokens[label] = [r.token_ids for r in res]
-        hist = {}
-        for r in res:
-            for k, v in r.accepted_hist.items():
-                hist[int(k)] = hist.get(int(k), 0) + v
-        rounds = sum(hist.values())
+        tokens[label] = [r["token_ids"] for r in res]
         n_tok = sum(len(t) for t in tokens[label])
-        rows.append({"config": label, "tokens": n_tok, "forwards": max(r.forwards for r in res),
-                     "tokens_per_round": sum(k * v for k, v in hist.items()) / rounds if rounds else 0.0,
+        rounds = sum(r["rounds"] for r in res)
+        rows.append({"config": label, "tokens": n_tok, "forwards": res[0]["forwards"],
+                     "tokens_per_round": sum(r["tokens_per_round"] * r["rounds"] for r in res) / rounds if rounds else 0.0,
                      "tokens_per_s": n_tok / statistics.median(walls),
                      "identical_to_ar": tokens[label] == tokens["ar"]})
         r = rows[-1]
@@ -70,8 +68,8 @@ def main() -> int:
               f"= ar: {r['identical_to_ar']}")
     cpu_same = "n/a"
     if a.device != "cpu":
-        cpu = Runtime.load(model=CKPT, device="cpu").generate(prompts, gen_length=a.gen_length, strategy="ar")
-        same = [c.token_ids == g for c, g in zip(cpu, tokens["ar"])]
+        cpu = Runtime.load(model=CKPT, device="cpu").self_spec(prompts, strategy="ar", max_new_tokens=a.gen_length)
+        same = [c["token_ids"] == g for c, g in zip(cpu, tokens["ar"])]
         cpu_same = f"{sum(same)}/{len(same)}"
     name = torch.cuda.get_device_name(0) if a.device == "cuda" else "cpu"
     print(json.dumps({"device": name, "prompts": len(prompts), "gen_length": a.gen_length, "rows": rows,
