@@ -97,8 +97,8 @@ def cmd_generate(a) -> int:
     if a.stream and not a.json and len(prompts) > 1:
         raise UserError("--stream prints one prompt's text as it comes: give one --prompt, or add --json "
                         "(each chunk line names its row)")
-    if a.artifact and _self_speculative(a.artifact):
-        return _generate_self_spec(a, prompts, messages)
+    if _artifact_kind(a.artifact) != "masked":
+        return _generate_other(a, prompts, messages)
     decode_config(**_decode_kwargs(a))            # bad options fail before a model is loaded
     rt = _runtime(a)
     if messages is not None:
@@ -117,29 +117,32 @@ def cmd_generate(a) -> int:
     return 0
 
 
-def _generate_self_spec(a, prompts: list[str], messages) -> int:
-    """generate on a self-speculative artifact (runtime/self_spec_decoder.py): prompts, chat, stop
-    strings, streaming and JSON as for the masked families; its own strategies and summary line."""
+def _generate_other(a, prompts: list[str], messages) -> int:
+    """generate on a self-speculative artifact (runtime/self_spec_decoder.py) or a uniform-diffusion
+    one (runtime/uniform_decoder.py): prompts, chat, stop strings, streaming and JSON as for the
+    masked families; their own options and summary line."""
     from .runtime.api import row_options
-    from .runtime.self_spec_decoder import options
     decode = _decode_kwargs(a)
-    options(0, **decode)                          # bad options fail before the model is loaded
+    _check_decode_flags(a, _artifact_kind(a.artifact))      # bad options fail before the model is loaded
     rt = _runtime(a)
     if messages is not None:
         prompts = [rt.chat_prompt(messages)]
     opts = rt.decode_config(**decode)
     results = rt.generate(prompts, [row_options(**decode)] * len(prompts), config=opts,
                           on_chunk=_print_chunk(a.json) if a.stream else None)
+    spec = rt.kind == "self_spec"
     extra = [{"strategy": opts.strategy, "rounds": sum(r.accepted_hist.values()),
-              "tokens_per_round": round(_per_round(r.accepted_hist), 3), "backend": rt.backend.name} for r in results]
+              "tokens_per_round": round(_per_round(r.accepted_hist), 3)} if spec else
+             {"strategy": rt.strategies[0], "steps": opts.max_denoising_steps} for r in results]
     if a.json:
-        rows = [{**r.to_dict(), **e} for r, e in zip(results, extra)]
+        rows = [{**r.to_dict(), **e, "backend": rt.backend.name} for r, e in zip(results, extra)]
         print(json.dumps(rows[0] if len(rows) == 1 else {"results": rows}))
         return 0
     for r, e in zip(results, extra):
         print("" if a.stream else r.text)
-        print(f"[{r.tokens} tokens, {r.forwards} forwards, TPF {r.tpf:.2f}, {e['tokens_per_round']:.2f} tokens per round, "
-              f"{r.tokens_per_s:.1f} tok/s, {opts.strategy} W {opts.width()}, backend {rt.backend.name}, "
+        how = (f"{e['tokens_per_round']:.2f} tokens per round, " if spec else "") + f"{r.tokens_per_s:.1f} tok/s, " + \
+            (f"{opts.strategy} W {opts.width()}" if spec else f"{e['strategy']} {e['steps']} steps")
+        print(f"[{r.tokens} tokens, {r.forwards} forwards, TPF {r.tpf:.2f}, {how}, backend {rt.backend.name}, "
               f"{r.finish_reason}]", file=sys.stderr)
     return 0
 
@@ -217,14 +220,34 @@ def _csv(text: str, cast=str) -> list:
         raise UserError(f"bad list {text!r}") from None
 
 
-def _self_speculative(folder: str) -> bool:
-    """The artifact decodes self-speculatively (its capabilities' attention is causal); False when
-    its manifest cannot be read (the command's own checks then report why, in their order)."""
-    from .artifact import read_manifest
+def _artifact_kind(folder: str | None) -> str:
+    """How the artifact decodes (Runtime.kind): "uniform" (a DiffusionGemma artifact), "self_spec"
+    (its capabilities' attention is causal) or "masked"; "masked" too when its manifest cannot be
+    read (the command's own checks then report why, in their order)."""
+    from .artifact import artifact_format, read_manifest
+    from .runtime.api import UNIFORM_FORMAT
+    if not folder:
+        return "masked"
+    if artifact_format(folder) == UNIFORM_FORMAT:
+        return "uniform"
     try:
-        return read_manifest(folder, verify=False).get("capabilities", {}).get("attention") == "causal"
+        causal = read_manifest(folder, verify=False).get("capabilities", {}).get("attention") == "causal"
     except UserError:
-        return False
+        return "masked"
+    return "self_spec" if causal else "masked"
+
+
+def _check_decode_flags(a, kind: str) -> None:
+    """The decode flags checked for the artifact's kind, before a model loads."""
+    if kind == "self_spec":
+        from .runtime.self_spec_decoder import options
+        options(0, **_decode_kwargs(a))
+    elif kind == "uniform":
+        from .runtime.uniform_decoder import options
+        options({}, **_decode_kwargs(a))
+    else:
+        from .runtime.api import decode_config
+        decode_config(**{k: v for k, v in _decode_kwargs(a).items() if v is not None})
 
 
 def cmd_bench_self_spec(a) -> int:
@@ -256,8 +279,12 @@ def cmd_bench_self_spec(a) -> int:
 def cmd_bench(a) -> int:
     from . import report
     from .bench import configurations, overlay_profile, run_bench, targets, tune
-    if _self_speculative(a.artifact):
+    kind = _artifact_kind(a.artifact)
+    if kind == "self_spec":
         return cmd_bench_self_spec(a)
+    if kind == "uniform":
+        raise UserError(f"{a.artifact}: a DiffusionGemma artifact; bench does not measure it yet "
+                        "(benchmarks/diffusion_gemma_bench.py does: docs/diffusion_gemma.md)")
     if a.quick:
         a.n, a.repeats, a.beam_widths, a.gen_length = 1, 2, "4", min(a.gen_length, 64)
         a.tasks = a.tasks or "upper,count"
@@ -508,8 +535,10 @@ def _serve_defaults(a, rt) -> tuple[dict, object]:
     loadtest (for its offline references) both read them from the same flags."""
     defaults = {k: v for k, v in _decode_kwargs(a).items() if v is not None}
     cfg = rt.decode_config(**defaults)
-    if rt.self_speculative:
+    if rt.kind == "self_spec":
         return {**defaults, "strategy": cfg.strategy, "gen_length": cfg.max_new_tokens}, cfg
+    if rt.kind == "uniform":
+        return {**defaults, "strategy": rt.strategies[0], "gen_length": cfg.max_new_tokens}, cfg
     return {**defaults, "gen_length": cfg.gen_length}, cfg
 
 
@@ -585,12 +614,7 @@ def _check_serve_flags(a) -> None:
             raise UserError(f"{flag} must be >= 1 (got {value})")
     if not 0 <= a.request_timeout <= 86400:
         raise UserError(f"--request-timeout {a.request_timeout:g}: expected seconds in 0..86400 (0: no deadline)")
-    if a.artifact and _self_speculative(a.artifact):
-        from .runtime.self_spec_decoder import options
-        options(0, **_decode_kwargs(a))
-        return
-    from .runtime.api import decode_config
-    decode_config(**{k: v for k, v in _decode_kwargs(a).items() if v is not None})
+    _check_decode_flags(a, _artifact_kind(a.artifact))
 
 
 def _serve_limits(a, rt):
@@ -598,15 +622,17 @@ def _serve_limits(a, rt):
     from .serving.contract import Limits
     defaults, cfg = _serve_defaults(a, rt)
     gen = defaults["gen_length"]
-    if rt.self_speculative:          # the tokens and the last round's draft block
+    if rt.kind == "self_spec":       # the tokens and the last round's draft block
         canvas = gen + (cfg.block_size or rt.config.block_size)
+    elif rt.kind == "uniform":       # whole canvases
+        canvas = -(-gen // rt.config.canvas_length) * rt.config.canvas_length
     else:
         canvas = -(-gen // cfg.block_length) * cfg.block_length
     if not a.max_prompt_tokens and rt.config.max_seq - canvas < 1:
         raise UserError(f"a canvas of {canvas} tokens (--gen-length {gen}) leaves no room for a prompt in the "
                         f"model's {rt.config.max_seq} positions: pass a smaller --gen-length")
     return defaults, Limits(max_prompt_tokens=a.max_prompt_tokens or rt.config.max_seq - canvas,
-                            max_tokens=gen, max_beam_width=rt.max_beam_width or cfg.beam_width,
+                            max_tokens=gen, max_beam_width=rt.max_beam_width or getattr(cfg, "beam_width", 1),
                             max_queue=a.max_queue, timeout=a.request_timeout)
 
 

@@ -118,6 +118,18 @@ def selfspec_artifact(tmp_path_factory):
     return out
 
 
+@pytest.fixture(scope="session")
+def diffusion_gemma_export(tmp_path_factory):
+    """A tame random DiffusionGemma checkpoint (tests/models/test_diffusion_gemma.py) and its
+    artifact, exported once: (checkpoint, artifact, export report)."""
+    pytest.importorskip("transformers")
+    from dllm_deploy.export.exporter import export
+    from tests.models.test_diffusion_gemma import _random_checkpoint
+    ckpt = _random_checkpoint(tmp_path_factory.mktemp("diffusion_gemma_tame"), 0.1, 0.1)
+    out = tmp_path_factory.mktemp("dg-art") / "art"
+    return ckpt, out, export(ckpt, out, log=lambda m: None)
+
+
 def write_argmax_checkpoint(folder: Path, layout: str, token: str) -> Path:
     """A random checkpoint (write_checkpoint) whose top-1 id is a special token (``token``:
     "mask" or "pad") at every position, whatever the context: every embedding carries a large

@@ -91,6 +91,16 @@ def _check_shape(m: dict, path: Path) -> None:
             raise UserError(f"{path}: corrupt manifest (file name {rel!r} is not inside the artifact folder)")
 
 
+def artifact_format(folder: str | Path) -> str | None:
+    """The manifest's ``format`` (artifacts of another layout than the masked families', e.g.
+    "diffusion_gemma/1"), or None: none named, or no manifest readable (read_manifest says why)."""
+    try:
+        m = json.loads((Path(folder) / MANIFEST).read_text(encoding="utf-8"))
+    except (OSError, ValueError, UnicodeDecodeError):
+        return None
+    return m.get("format") if isinstance(m, dict) and isinstance(m.get("format"), str) else None
+
+
 def read_manifest(folder: str | Path, verify: bool = True, precision: str | None = None) -> dict:
     """Load and check a manifest: schema version, and the sha256 of every file the chosen
     precision needs (all files when precision is None)."""
@@ -107,8 +117,8 @@ def read_manifest(folder: str | Path, verify: bool = True, precision: str | None
         raise file_error(folder, e) from None
     m = _load_json(path)
     if isinstance(m, dict) and m.get("format") == "diffusion_gemma/1":
-        raise UserError(f"{folder}: a DiffusionGemma artifact; this command does not run it yet (from Python: "
-                        "dllm_deploy.runtime.backends.diffusion_gemma_ort.OrtDenoiser, docs/diffusion_gemma.md)")
+        raise UserError(f"{folder}: a DiffusionGemma artifact; this command does not run it yet (generate, serve "
+                        "and Runtime.load do: docs/diffusion_gemma.md)")
     if not isinstance(m, dict) or "schema_version" not in m:
         raise UserError(f"{path}: corrupt manifest (no schema_version)")
     version = m["schema_version"]

@@ -5,6 +5,7 @@ from dataclasses import fields
 from pathlib import Path
 from typing import Iterator
 
+from ..artifact import artifact_format
 from ..decode_rules import OPTIONS, PROFILE_DEFAULT_KEYS, RUNTIME_OPTIONS, option_error, rule_error
 from ..errors import OptionError, UserError
 from ..models.capabilities import resolve_cache
@@ -12,6 +13,7 @@ from .loop import Decoder, RowResult, joins
 from .rows import RowOptions
 from .strategies import DecodeConfig
 
+UNIFORM_FORMAT = "diffusion_gemma/1"      # the manifest format of a uniform-diffusion artifact
 _FIELDS = [f.name for f in fields(DecodeConfig)]
 _KEYWORDS = list(dict.fromkeys([*RUNTIME_OPTIONS, *_FIELDS]))   # declared options first: the first bad one is reported
 ROW_KEYWORDS = tuple(f.name for f in fields(RowOptions) if f.name in OPTIONS)   # decode options a row may set
@@ -44,7 +46,10 @@ class Runtime:
 
     def __init__(self, backend, tokenizer, config, max_beam_width: int | None = None):
         self.backend, self.tokenizer, self.config = backend, tokenizer, config
-        if self.self_speculative:
+        if self.kind == "uniform":
+            from .uniform_decoder import UniformDecoder
+            self.decoder = UniformDecoder(backend, tokenizer, config, backend.manifest["decoding"])
+        elif self.kind == "self_spec":
             from .self_spec_decoder import SelfSpecDecoder
             self.decoder = SelfSpecDecoder(backend, tokenizer, config, max_beam_width=max_beam_width)
         else:
@@ -59,6 +64,8 @@ class Runtime:
              profile: str = "auto") -> "Runtime":
         """``artifact``: ONNX Runtime with the profile's providers, threads, precision and W cap
         (``precision`` overrides the profile's when given). ``model``: the torch reference backend."""
+        if artifact is not None and artifact_format(artifact) == UNIFORM_FORMAT:
+            return cls._load_uniform(artifact, backend, precision, threads, profile)
         if artifact is not None:
             from ..profiles import get_profile
             from .backends.ort_backend import load_ort
@@ -109,12 +116,46 @@ class Runtime:
     def self_speculative(self) -> bool:
         """A causal model that drafts by diffusion (docs/self_speculation.md): its strategies are
         ar, linear-spec, tree-spec, fastdiffuser (``strategies``), decoded by self_spec_decoder.py."""
-        return self.backend.capabilities.attention == "causal"
+        return self.kind == "self_spec"
 
     @property
     def strategies(self) -> tuple[str, ...]:
         """The decode strategies this model takes."""
-        return self.decoder.strategies if self.self_speculative else tuple(OPTIONS["strategy"].choices)
+        return tuple(OPTIONS["strategy"].choices) if self.kind == "masked" else self.decoder.strategies
+
+    @classmethod
+    def _load_uniform(cls, artifact: str, backend: str | None, precision: str | None, threads: int | None,
+                      profile: str) -> "Runtime":
+        """A uniform-diffusion artifact (DiffusionGemma: docs/diffusion_gemma.md) on ONNX Runtime
+        with the profile's providers and threads; its tokenizer.json, else the byte tokenizer."""
+        from ..chat import load_chat_template
+        from ..models.diffusion_gemma import DiffusionGemmaConfig
+        from ..models.tokenizer import load_tokenizer
+        from ..profiles import get_profile
+        from .backends.diffusion_gemma_ort import OrtDenoiser
+        if backend not in (None, "ort"):
+            raise UserError(f"{artifact}: a DiffusionGemma artifact runs on ONNX Runtime only (backend {backend!r})")
+        if precision not in (None, "fp32"):
+            raise UserError(f"{artifact}: a DiffusionGemma artifact holds fp32 only (precision {precision!r})")
+        prof, reasons, _ = get_profile(profile)
+        be = OrtDenoiser(artifact, providers=prof.backends, threads=threads or prof.ort.get("intra_op_threads") or None)
+        cfg = DiffusionGemmaConfig(**{k: tuple(v) if isinstance(v, list) else v for k, v in be.manifest["model"].items()})
+        if not (Path(artifact) / "tokenizer.json").is_file() and cfg.vocab_size < 256:
+            raise UserError(f"{artifact}: no tokenizer.json, and its vocabulary ({cfg.vocab_size}) is too small for "
+                            "the byte tokenizer: text cannot be encoded")
+        rt = cls(be, load_tokenizer(artifact, cfg.eos_token_id), cfg)
+        rt.profile, rt.profile_reasons = prof, reasons
+        rt.chat_template = load_chat_template(artifact)
+        return rt
+
+    @property
+    def kind(self) -> str:
+        """How the model decodes: "masked" (the masked families: runtime/loop.py), "self_spec"
+        (a causal model that drafts by diffusion: self_spec_decoder.py) or "uniform" (uniform-noise
+        diffusion, DiffusionGemma: uniform_decoder.py)."""
+        if getattr(self.backend, "kind", None) == "uniform-diffusion":
+            return "uniform"
+        return "self_spec" if self.backend.capabilities.attention == "causal" else "masked"
 
     def memory_facts(self) -> dict:
         """The model as the memory model (profiles/memory.py) reads it: the config and each layer's
@@ -133,8 +174,9 @@ class Runtime:
         """A DecodeConfig where options left as None take the profile's defaults, then the built-in ones.
         A profile's ``cache: delayed`` (one branch per forward) gives way to the model's own cache
         when the call asks for an spd tree of more than one branch. A self-speculative model's:
-        its SelfSpecOptions (self_spec_decoder.py; the profile's masked-family defaults do not apply)."""
-        if self.self_speculative:
+        its SelfSpecOptions (self_spec_decoder.py; the profile's masked-family defaults do not apply);
+        a uniform-diffusion model's: its UniformDiffusionOptions (uniform_decoder.py)."""
+        if self.kind != "masked":
             return self.decoder.options(**decode)
         given = {k: v for k, v in decode.items() if v is not None}
         merged = {**self.decode_defaults(), **given}
@@ -151,10 +193,10 @@ class Runtime:
     def check_rows(self, rows: list[RowOptions], config=None) -> None:
         """The checks ``generate`` runs on per-row options (sampling within the graphs' pool; what
         ``config``'s strategy allows), alone: a server refuses a request with them before it joins a batch."""
-        if self.self_speculative:
-            self.decoder.check_sampling(rows, config)
-        else:
+        if self.kind == "masked":
             self.decoder.check_sampling(rows)
+        else:
+            self.decoder.check_sampling(rows, config)
 
     def _call(self, prompts: str | list[str], rows, decode: dict,
               config: DecodeConfig | None = None) -> tuple[list[str], DecodeConfig, list[RowOptions]]:
@@ -227,6 +269,9 @@ class Runtime:
 
     def joins_batches(self, **decode) -> bool:
         """Whether requests can join a running batch under these decode options (an exact cache)."""
+        if self.kind == "uniform":         # rows wait for the next batch
+            self.decode_config(**decode)
+            return False
         if self.self_speculative:          # rows join at round boundaries where the cache pads and stacks
             self.decode_config(**decode)
             return bool(getattr(self.backend, "joins_batches", False))

@@ -67,12 +67,13 @@ class RowText:
     """One row's released text and ids. ``update`` takes the row's final ids (which only grow)
     and returns (delta, new ids, finish reason or None)."""
 
-    def __init__(self, decode, eos_id: int, stop: Sequence[str], budget: int):
+    def __init__(self, decode, eos_id: int | Sequence[int], stop: Sequence[str], budget: int):
         """``decode``: the tokenizer's decode (ids -> str), or the row's incremental text (an object
         with DecodedText's ``extend``, ``text``, ``settled`` and ``within``, e.g.
-        ``ByteTokenizer().incremental()``)."""
+        ``ByteTokenizer().incremental()``); ``eos_id``: the id, or ids, that end a row."""
         self.decoded = DecodedText(decode) if callable(decode) else decode
-        self.eos_id, self.stop, self.budget = eos_id, tuple(stop), budget
+        self.eos = frozenset([eos_id] if isinstance(eos_id, int) else eos_id)
+        self.stop, self.budget = tuple(stop), budget
         self.text, self.sent = "", 0          # released so far: text, and that many ids
         self.seen = 0                         # final ids at the last update
         self.finish_reason: str | None = None
@@ -84,7 +85,7 @@ class RowText:
         new = ids[self.seen:]
         self.seen = len(ids)
         self.decoded.extend(new)
-        self.ended = self.ended or self.eos_id in new
+        self.ended = self.ended or not self.eos.isdisjoint(new)
         text = self.decoded.text
         cut = stop_at(text, self.stop, self.scanned)
         if cut is not None:

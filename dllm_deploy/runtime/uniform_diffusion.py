@@ -91,63 +91,101 @@ def finalize_canvas(new: np.ndarray, finished: np.ndarray, ending: np.ndarray, e
     return out
 
 
+class UniformRun:
+    """One decode of ``prompts`` (token ids) in one batch, left-padded with ``pad_id``: every row's
+    positions count from the first column (as transformers' generate() gives a padded batch).
+    ``eos_ids``: the ids that end a row (Gemma has two: <eos> and <end_of_turn>); ``seeds``: each
+    row's noise key (default ``opts.seed`` for every row); ``request_ids``: each row's request
+    word (default the row index). Iterating it runs the forwards: after every decoder step it
+    yields None, after every canvas the canvas as it joins the sequences (B,L); ``end(rows)``
+    between two yields ends rows now (their canvas so far and every later one become pad).
+    ``own_positions``: each row's positions count from its own first token, so a row decodes in a
+    batch what it decodes alone (a server's rows); False: from the batch's first column, as
+    transformers' generate() numbers a left-padded batch."""
+
+    def __init__(self, backend, prompts: list[list[int]], opts: UniformDiffusionOptions, *, vocab_size: int,
+                 canvas_length: int, eos_ids, pad_id: int, request_ids=None, seeds=None, own_positions: bool = False):
+        self.backend, self.opts, self.vocab, self.length, self.pad = backend, opts, vocab_size, canvas_length, pad_id
+        self.eos_ids = np.asarray(list(eos_ids) if np.ndim(eos_ids) else [eos_ids], dtype=np.int64)
+        b, p0 = len(prompts), max(len(x) for x in prompts)
+        self.ids = np.full((b, p0), pad_id, dtype=np.int64)
+        self.keep = np.zeros((b, p0), dtype=bool)
+        for i, x in enumerate(prompts):
+            self.ids[i, p0 - len(x):], self.keep[i, p0 - len(x):] = x, True
+        self.req = np.arange(b, dtype=np.int64) if request_ids is None else np.asarray(request_ids, dtype=np.int64)
+        self.seed = np.full(b, opts.seed, dtype=np.uint64) if seeds is None else np.asarray(seeds, dtype=np.uint64)
+        self.offset = (p0 - np.array([len(x) for x in prompts]) if own_positions else np.zeros(b, dtype=np.int64))[:, None]
+        self.finished = np.zeros(b, dtype=bool)
+        self.forwards = np.zeros(b, dtype=np.int64)          # decoder forwards per row
+        self.encoder_rows = np.zeros(b, dtype=np.int64)      # encoder forwards per row
+        self.canvases: list[np.ndarray] = []
+
+    def end(self, rows) -> None:
+        self.finished[np.asarray(list(rows), dtype=np.int64)] = True
+
+    def __iter__(self):
+        opts, b, big_l = self.opts, len(self.ids), self.length
+        seed = self.seed[:, None]
+        req = self.req[:, None]
+        steps = opts.max_denoising_steps
+        past = self.backend.empty(b)
+        keep, pending, start = self.keep, self.ids, 0
+        n_canvases = math.ceil(opts.max_new_tokens / big_l)
+        for c in range(n_canvases):
+            cur = keep.shape[1]
+            past = self.backend.encode(pending, np.maximum(np.arange(start, cur)[None] - self.offset, 0), keep, past)
+            self.encoder_rows += ~self.finished
+            pos = np.arange(cur, cur + big_l)[None] - self.offset
+            canvas = noise.token_ids(seed, req, pos, 0, INIT, self.vocab)
+            argmax, state = canvas, None
+            done = np.zeros(b, dtype=bool)
+            history = np.full((max(opts.stability_threshold, 0), b, big_l), -1, dtype=np.int64)
+            for s in range(steps, 0, -1):
+                self.forwards += ~(done | self.finished)
+                t = np.full(b, temperature(s, steps, opts.t_min, opts.t_max), dtype=np.float32)
+                u = noise.uniforms(seed, req, pos, s, SAMPLE)
+                am, sampled, entropy, state = self.backend.denoise(canvas, pos, keep, past, state, t, u, done)
+                chosen = accept(entropy, opts.entropy_bound)
+                fresh = noise.token_ids(seed, req, pos, s, RENOISE, self.vocab)
+                nxt = np.where(chosen, sampled, fresh)
+                am = np.where(done[:, None], argmax, am)
+                nxt = np.where(done[:, None], canvas, nxt)
+                if opts.stability_threshold:
+                    stable = (history == am[None]).all(axis=-1).all(axis=0)
+                    history = np.roll(history, -1, axis=0)
+                    history[-1] = am
+                else:
+                    stable = np.ones(b, dtype=bool)
+                done |= stable & (entropy.mean(axis=-1) < np.float32(opts.confidence_threshold))
+                argmax, canvas = am, nxt
+                yield None
+                if (done | self.finished).all():     # a finished row's canvas becomes pad whatever it holds
+                    break
+            last = c == n_canvases - 1      # the length limit ends every row
+            ending = np.full(b, last) | np.isin(argmax, self.eos_ids).any(axis=-1)
+            new = finalize_canvas(argmax, self.finished, ending, self.eos_ids, self.pad)
+            self.canvases.append(new)
+            self.finished |= ending
+            yield new
+            if self.finished.all():
+                break
+            pending, start = new, cur
+            keep = np.concatenate([keep, np.ones((b, big_l), dtype=bool)], axis=1)
+
+    def result(self) -> UniformDiffusionResult:
+        new_tokens = np.concatenate(self.canvases, axis=1)
+        return UniformDiffusionResult(np.concatenate([self.ids, new_tokens], axis=1), new_tokens, self.forwards,
+                                      len(self.canvases), (new_tokens != self.pad).sum(axis=-1))
+
+
 def generate(backend, prompts: list[list[int]], opts: UniformDiffusionOptions, *, vocab_size: int,
              canvas_length: int, eos_ids, pad_id: int, request_ids=None) -> UniformDiffusionResult:
-    """Decode ``prompts`` (token ids) in one batch, left-padded with ``pad_id``: every row's
-    positions count from the first column (as transformers' generate() gives a padded batch).
-    ``eos_ids``: the ids that end a row (Gemma has two: <eos> and <end_of_turn>)."""
-    eos_ids = np.asarray(list(eos_ids) if np.ndim(eos_ids) else [eos_ids], dtype=np.int64)
-    b, p0, big_l = len(prompts), max(len(x) for x in prompts), canvas_length
-    ids = np.full((b, p0), pad_id, dtype=np.int64)
-    keep = np.zeros((b, p0), dtype=bool)
-    for i, x in enumerate(prompts):
-        ids[i, p0 - len(x):], keep[i, p0 - len(x):] = x, True
-    req = np.arange(b, dtype=np.int64) if request_ids is None else np.asarray(request_ids, dtype=np.int64)
-    steps = opts.max_denoising_steps
-    finished = np.zeros(b, dtype=bool)
-    forwards = np.zeros(b, dtype=np.int64)
-    past = backend.empty(b)
-    pending, start, canvases = ids, 0, []
-    for c in range(math.ceil(opts.max_new_tokens / big_l)):
-        cur = keep.shape[1]
-        past = backend.encode(pending, np.tile(np.arange(start, cur), (b, 1)), keep, past)
-        pos = np.tile(np.arange(cur, cur + big_l), (b, 1))
-        canvas = noise.token_ids(opts.seed, req[:, None], pos, 0, INIT, vocab_size)
-        argmax, state = canvas, None
-        done = np.zeros(b, dtype=bool)
-        history = np.full((max(opts.stability_threshold, 0), b, big_l), -1, dtype=np.int64)
-        for s in range(steps, 0, -1):
-            forwards += ~(done | finished)
-            t = np.full(b, temperature(s, steps, opts.t_min, opts.t_max), dtype=np.float32)
-            u = noise.uniforms(opts.seed, req[:, None], pos, s, SAMPLE)
-            am, sampled, entropy, state = backend.denoise(canvas, pos, keep, past, state, t, u, done)
-            chosen = accept(entropy, opts.entropy_bound)
-            fresh = noise.token_ids(opts.seed, req[:, None], pos, s, RENOISE, vocab_size)
-            nxt = np.where(chosen, sampled, fresh)
-            am = np.where(done[:, None], argmax, am)
-            nxt = np.where(done[:, None], canvas, nxt)
-            if opts.stability_threshold:
-                stable = (history == am[None]).all(axis=-1).all(axis=0)
-                history = np.roll(history, -1, axis=0)
-                history[-1] = am
-            else:
-                stable = np.ones(b, dtype=bool)
-            done |= stable & (entropy.mean(axis=-1) < np.float32(opts.confidence_threshold))
-            argmax, canvas = am, nxt
-            if done.all():
-                break
-        last = c == math.ceil(opts.max_new_tokens / big_l) - 1      # the length limit ends every row
-        ending = np.full(b, last) | np.isin(argmax, eos_ids).any(axis=-1)
-        new = finalize_canvas(argmax, finished, ending, eos_ids, pad_id)
-        canvases.append(new)
-        finished |= ending
-        if finished.all():
-            break
-        pending, start = new, cur
-        keep = np.concatenate([keep, np.ones((b, big_l), dtype=bool)], axis=1)
-    new_tokens = np.concatenate(canvases, axis=1)
-    return UniformDiffusionResult(np.concatenate([ids, new_tokens], axis=1), new_tokens, forwards, len(canvases),
-                                  (new_tokens != pad_id).sum(axis=-1))
+    """The whole decode of ``prompts`` (UniformRun's arguments)."""
+    run = UniformRun(backend, prompts, opts, vocab_size=vocab_size, canvas_length=canvas_length, eos_ids=eos_ids,
+                     pad_id=pad_id, request_ids=request_ids)
+    for _ in run:
+        pass
+    return run.result()
 
 
 class TransformersDraws:

@@ -45,10 +45,10 @@ def checkpoint(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def tame_checkpoint(tmp_path_factory):
+def tame_checkpoint(diffusion_gemma_export):
     """Weights at about 1 / sqrt(fan-in): fp32 rounding stays near 1e-6 through the steps instead
     of being amplified into near-ties (the decode tests compare implementations' tokens)."""
-    return _random_checkpoint(tmp_path_factory.mktemp("diffusion_gemma_tame"), 0.1, 0.1)
+    return diffusion_gemma_export[0]
 
 
 def _inputs(seed: int = 1):
@@ -259,18 +259,16 @@ def test_commands_that_do_not_take_diffusion_gemma_yet_say_so_in_one_line(checkp
     with pytest.raises(UserError, match="DiffusionGemma exports fp32 only so far"):
         export(checkpoint, tmp_path / "out", precisions=["fp32", "int4"], log=lambda m: None)
     assert not (tmp_path / "out").exists()
-    with pytest.raises(UserError, match="a DiffusionGemma artifact; this command does not run it yet"):
+    with pytest.raises(UserError, match="a DiffusionGemma artifact; this command does not run it yet .generate, serve"):
         read_manifest(artifact)
-    with pytest.raises(UserError, match="model_type 'diffusion_gemma' is recognised but not supported .only `dllm-deploy export`"):
+    with pytest.raises(UserError, match="model_type 'diffusion_gemma' is recognised but not supported .only `dllm-deploy export` takes the checkpoint"):
         DLLMConfig.from_file(checkpoint / "config.json")
 
 
 @pytest.fixture(scope="module")
-def artifact(tame_checkpoint, tmp_path_factory):
+def artifact(diffusion_gemma_export):
     """``dllm-deploy export``'s path (exporter.export: target checks, lock, swap-in)."""
-    from dllm_deploy.export.exporter import export
-    out = tmp_path_factory.mktemp("dg-art") / "art"
-    res = export(tame_checkpoint, out, log=lambda m: None)
+    _, out, res = diffusion_gemma_export
     assert set(res["parity"]["fp32"]["graphs"]) == {"encode", "denoise"}
     return out
 
@@ -314,3 +312,54 @@ def test_the_export_command_prints_each_graphs_parity(tame_checkpoint, tmp_path,
     assert cli.main(["export", "--model", str(tame_checkpoint), "--out", str(tmp_path / "art")]) == 0
     out = capsys.readouterr().out.splitlines()
     assert out[0].startswith(f"artifact {tmp_path / 'art'}") and "parity vs torch: encode " in out[1] and "denoise " in out[1]
+
+
+def test_the_runtime_generates_streams_and_stops_text(artifact, capsys):
+    """Runtime.load takes the artifact (text through its tokenizer: here the byte tokenizer) and
+    decodes as the rule does (request word 0: a row's tokens are a function of its prompt and
+    seed alone, so a row decodes in a batch what it decodes alone); chunks come a canvas at a
+    time and add up to the results; budgets and stop strings cut rows; the CLI prints the same."""
+    import json
+
+    from dllm_deploy import Runtime, cli
+    from dllm_deploy.errors import UserError
+    from dllm_deploy.runtime.backends.diffusion_gemma_ort import OrtDenoiser
+    from dllm_deploy.runtime.rows import RowOptions
+    from dllm_deploy.runtime.uniform_diffusion import UniformDiffusionOptions, UniformRun
+    rt = Runtime.load(artifact=str(artifact))
+    assert rt.kind == "uniform" and rt.strategies == ("uniform-diffusion",) and not rt.joins_batches()
+    prompts = ["hello there", "abc"]
+    got = rt.generate(prompts, gen_length=24, steps=3)
+    m = OrtDenoiser(artifact).manifest
+    run = UniformRun(OrtDenoiser(artifact), [rt.tokenizer.encode(p) for p in prompts],
+                     UniformDiffusionOptions(max_new_tokens=24, max_denoising_steps=3), vocab_size=m["model"]["vocab_size"],
+                     canvas_length=CANVAS, eos_ids=m["decoding"]["eos_ids"], pad_id=m["decoding"]["pad_id"],
+                     request_ids=[0, 0], own_positions=True)
+    for _ in run:
+        pass
+    core = run.result()
+    eos = m["decoding"]["eos_ids"]
+    for i, (r, row) in enumerate(zip(got, core.new_tokens.tolist())):
+        ids = [x for x in row if x != m["decoding"]["pad_id"]]          # the rule pads after an EOS
+        assert r.token_ids == ids and r.finish_reason == ("eos" if set(ids) & set(eos) else "length")
+        assert r.forwards == core.forwards[i] + run.encoder_rows[i]       # decoder steps + encoder forwards
+    assert {r.finish_reason for r in got} == {"eos", "length"}           # the case holds both
+    assert rt.generate(prompts[1:], gen_length=24, steps=3)[0].token_ids == got[1].token_ids
+    seeded = rt.generate(prompts[:1], [RowOptions(seed=9)], gen_length=24, steps=3)[0]
+    assert seeded.token_ids != got[0].token_ids
+    chunks = list(rt.stream(prompts, rows=[RowOptions(max_tokens=12), RowOptions()], gen_length=24, steps=3))
+    first = [c for c in chunks if c["index"] == 0]
+    assert len(first) == 2 and sum((c["token_ids"] for c in first), []) == got[0].token_ids[:12]   # a canvas of 8, then 4
+    assert first[-1]["finish_reason"] == "length" and first[0]["forwards"] == 4     # 3 steps and the prompt's encode
+    assert sum((c["token_ids"] for c in chunks if c["index"] == 1), []) == got[1].token_ids
+    stop = got[1].text[5:7]
+    cut = rt.generate(prompts[1:], [RowOptions(stop=(stop,))], gen_length=24, steps=3)[0]
+    assert cut.finish_reason == "stop" and cut.text == got[1].text[:got[1].text.index(stop)]
+    for bad, msg in (({"temperature": 0.5}, "does not apply to a uniform-diffusion model"),
+                     ({"strategy": "spd"}, "unknown strategy 'spd'"), ({"cache": "dual"}, "--cache does not apply")):
+        with pytest.raises(UserError, match=msg):
+            rt.generate(prompts, **bad)
+    assert cli.main(["generate", "--artifact", str(artifact), "--prompt", "abc", "--gen-length", "24", "--steps", "3",
+                     "--json"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    assert d["token_ids"] == got[1].token_ids and d["strategy"] == "uniform-diffusion" and d["steps"] == 3

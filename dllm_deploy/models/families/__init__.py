@@ -7,8 +7,8 @@ and its tests: docs/families.md.
 
 # model_types recognised but not supported yet: model_type -> why (the loader's one-line refusal)
 UNSUPPORTED: dict[str, str] = {
-    "diffusion_gemma": "only `dllm-deploy export` takes it so far; its artifact decodes from Python: "
-                       "docs/diffusion_gemma.md",
+    "diffusion_gemma": "only `dllm-deploy export` takes the checkpoint; `generate`, `serve` and Runtime.load take "
+                       "its artifact: docs/diffusion_gemma.md",
 }
 
 # model_types whose artifact another writer builds (graphs of other roles): model_type -> "module:function"

@@ -19,6 +19,10 @@ FORMAT = "diffusion_gemma/1"
 
 
 class OrtDenoiser:
+    kind = "uniform-diffusion"     # Runtime.kind: decoded by runtime/uniform_decoder.py
+    name = "ort"
+    sample_pool = None             # the rule samples over the whole vocabulary inside the graph
+
     def __init__(self, folder: str | Path, providers=None, threads: int | None = None):
         import onnxruntime as ort
         folder = Path(folder)
@@ -40,9 +44,11 @@ class OrtDenoiser:
             so.intra_op_num_threads = threads
         graphs = self.manifest["graphs"]
         self.names = {r: graphs[r] for r in ("encode", "denoise")}
+        self.folder = folder
         self.sessions = {r: ort.InferenceSession(str(folder / g["file"]), so,
                                                  providers=list(providers or ["CPUExecutionProvider"]))
                          for r, g in self.names.items()}
+        self.providers = self.sessions["denoise"].get_providers()
         self.calls = {"encode": 0, "denoise": 0}
 
     def empty(self, batch: int) -> list:
