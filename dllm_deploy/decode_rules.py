@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from numbers import Integral, Real
 from pathlib import Path
 
-from .errors import OptionError
+from .errors import OptionError, UserError
 
 DECLARATION = Path(__file__).resolve().parent / "decode_options.json"
 
@@ -134,6 +134,18 @@ def option_error(key: str, value, flag: str | None = None) -> OptionError | None
         return OptionError("unsupported", key, f"{o.called} is not implemented yet (only {_num(o.default)} is "
                                                f"accepted), got {value}", flag)
     return None
+
+
+def given_options(decode: dict, reads, model: str, listing: str) -> dict:
+    """The decode keywords ``decode`` sets (None or an empty list: unset), refusing in one line
+    the first that a ``model`` model does not read: "FLAG does not apply to a MODEL model (it reads
+    LISTING)" (a decoder of another paradigm than the masked families')."""
+    given = {k: v for k, v in decode.items() if v is not None and not (isinstance(v, (list, tuple)) and not v)}
+    other = [k for k in given if k not in reads]
+    if other:
+        flag = OPTIONS[other[0]].flag if other[0] in OPTIONS else other[0]
+        raise UserError(f"{flag} does not apply to a {model} model (it reads {listing})")
+    return given
 
 
 def problem(key: str, value) -> str | None:

@@ -14,7 +14,7 @@ import time
 import warnings
 from typing import Callable, Iterator
 
-from ..decode_rules import OPTIONS, option_error
+from ..decode_rules import OPTIONS, given_options, option_error
 from ..errors import UserError
 from .loop import RowResult, collect
 from .rows import RowOptions
@@ -30,20 +30,11 @@ ROW_OPTIONS = ("temperature", "top_k", "top_p", "seed", "max_tokens", "stop")
 READS = (*BATCH_OPTIONS, *ROW_OPTIONS)
 
 
-def _given(value) -> bool:
-    return value is not None and not (isinstance(value, (list, tuple)) and not value)
-
-
 def options(block_size: int, **decode) -> SelfSpecOptions:
     """SelfSpecOptions from decode keywords (None / empty: default), every one checked, with the
     model's ``block_size`` as L by default (0: checked without a model). The row keywords are
     checked here and read per row (``RowOptions``)."""
-    given = {k: v for k, v in decode.items() if _given(v)}
-    other = [k for k in given if k not in READS]
-    if other:
-        flag = OPTIONS[other[0]].flag if other[0] in OPTIONS else other[0]
-        raise UserError(f"{flag} does not apply to a self-speculative model (it reads "
-                        f"{', '.join(OPTIONS[k].flag for k in READS)})")
+    given = given_options(decode, READS, "self-speculative", ", ".join(OPTIONS[k].flag for k in READS))
     for k, v in given.items():
         if k != "strategy" and (err := option_error(k, v, OPTIONS[k].flag)):
             raise err

@@ -16,7 +16,7 @@ import time
 from dataclasses import fields
 from typing import Callable, Iterator
 
-from ..decode_rules import OPTIONS, option_error
+from ..decode_rules import OPTIONS, given_options, option_error
 from ..errors import UserError
 from .loop import RowResult, collect
 from .rows import RowOptions
@@ -29,20 +29,12 @@ ROW_OPTIONS = ("seed", "max_tokens", "stop", "temperature", "top_k", "top_p")
 READS = ("strategy", "gen_length", "steps", *RULE, *ROW_OPTIONS)
 
 
-def _given(value) -> bool:
-    return value is not None and not (isinstance(value, (list, tuple)) and not value)
-
-
 def options(defaults: dict, **decode) -> UniformDiffusionOptions:
     """The call's UniformDiffusionOptions: ``defaults`` (the artifact's, from its
     generation_config.json) with the decode keywords given (None / empty: default), every one
     checked. The row keywords are checked here and read per row."""
-    given = {k: v for k, v in decode.items() if _given(v)}
-    other = [k for k in given if k not in READS]
-    if other:
-        flag = OPTIONS[other[0]].flag if other[0] in OPTIONS else other[0]
-        raise UserError(f"{flag} does not apply to a uniform-diffusion model (it reads --gen-length, --max-tokens, "
-                        f"--steps, --seed, --stop; from Python also {', '.join(RULE)})")
+    given = given_options(decode, READS, "uniform-diffusion",
+                          f"--gen-length, --max-tokens, --steps, --seed, --stop; from Python also {', '.join(RULE)}")
     if given.get("strategy", STRATEGY) != STRATEGY:
         raise UserError(f"unknown strategy {given['strategy']!r} for a uniform-diffusion model (it has one: {STRATEGY})")
     for k in ("gen_length", "steps", "max_tokens", "seed", "stop", "temperature", "top_k", "top_p"):

@@ -31,40 +31,13 @@ def answer(q: queue.Queue) -> tuple[str, list[int], str]:
             return text, ids, c["finish_reason"]
 
 
-@pytest.mark.parametrize("continuous", [True, False])
-def test_a_late_request_joins_the_running_batch(rt, continuous):
+def late_join(rt, decode: dict, late_row: RowOptions, continuous: bool = True) -> Scheduler:
+    """FIRST decodes; LATE arrives with its first chunk. Both answers must equal offline generate;
+    returns the (closed) scheduler for its counts."""
     s = Scheduler(rt, max_batch=4, max_queue=8, continuous=continuous)
-    late_row = RowOptions(temperature=0.7, top_p=0.9, seed=5)
     first_q, late_q = queue.Queue(), queue.Queue()
 
     def first_deliver(chunk):       # the late request arrives while the first one decodes
-        if not isinstance(chunk, Exception) and late_q.empty() and not getattr(first_deliver, "sent", False):
-            first_deliver.sent = True
-            s.submit(Request(LATE, DECODE, late_row, True), late_q.put)
-        first_q.put(chunk)
-
-    try:
-        s.submit(Request(FIRST, DECODE, RowOptions(), True), first_deliver)
-        got_first, got_late = answer(first_q), answer(late_q)
-    finally:
-        s.close()
-    for got, prompt, row in ((got_first, FIRST, RowOptions()), (got_late, LATE, late_row)):
-        r = rt.generate([prompt], rows=[row], **DECODE)[0]
-        assert got == (r.text, r.token_ids, r.finish_reason)
-    assert (s.joined, s.batch_sizes) == ((1, [1]) if continuous else (0, [1, 1]))
-
-
-@pytest.mark.parametrize("strategy", ["tree-spec", "fastdiffuser"])
-def test_a_late_request_joins_a_self_speculative_batch(selfspec_artifact, strategy):
-    """The same on a self-speculative model: the late request joins at a round boundary."""
-    from dllm_deploy import Runtime
-    rt = Runtime.load(artifact=str(selfspec_artifact))
-    decode = {"strategy": strategy, "beam_width": 2, "gen_length": 48}
-    s = Scheduler(rt, max_batch=4, max_queue=8)
-    late_row = RowOptions() if strategy == "fastdiffuser" else RowOptions(temperature=0.7, seed=5)
-    first_q, late_q = queue.Queue(), queue.Queue()
-
-    def first_deliver(chunk):
         if not isinstance(chunk, Exception) and not getattr(first_deliver, "sent", False):
             first_deliver.sent = True
             s.submit(Request(LATE, decode, late_row, True), late_q.put)
@@ -78,4 +51,20 @@ def test_a_late_request_joins_a_self_speculative_batch(selfspec_artifact, strate
     for got, prompt, row in ((got_first, FIRST, RowOptions()), (got_late, LATE, late_row)):
         r = rt.generate([prompt], rows=[row], **decode)[0]
         assert got == (r.text, r.token_ids, r.finish_reason)
+    return s
+
+
+@pytest.mark.parametrize("continuous", [True, False])
+def test_a_late_request_joins_the_running_batch(rt, continuous):
+    s = late_join(rt, DECODE, RowOptions(temperature=0.7, top_p=0.9, seed=5), continuous)
+    assert (s.joined, s.batch_sizes) == ((1, [1]) if continuous else (0, [1, 1]))
+
+
+@pytest.mark.parametrize("strategy", ["tree-spec", "fastdiffuser"])
+def test_a_late_request_joins_a_self_speculative_batch(selfspec_artifact, strategy):
+    """The same on a self-speculative model: the late request joins at a round boundary."""
+    from dllm_deploy import Runtime
+    rt = Runtime.load(artifact=str(selfspec_artifact))
+    late_row = RowOptions() if strategy == "fastdiffuser" else RowOptions(temperature=0.7, seed=5)
+    s = late_join(rt, {"strategy": strategy, "beam_width": 2, "gen_length": 48}, late_row)
     assert (s.joined, s.batch_sizes) == (1, [1])
