@@ -144,7 +144,7 @@ class UniformRun:
                 self.forwards += ~(done | self.finished)
                 t = np.full(b, temperature(s, steps, opts.t_min, opts.t_max), dtype=np.float32)
                 u = noise.uniforms(seed, req, pos, s, SAMPLE)
-                am, sampled, entropy, state = self.backend.denoise(canvas, pos, keep, past, state, t, u, done)
+                am, sampled, entropy, state = self._denoise(canvas, pos, keep, past, state, t, u, done)
                 chosen = accept(entropy, opts.entropy_bound)
                 fresh = noise.token_ids(seed, req, pos, s, RENOISE, self.vocab)
                 nxt = np.where(chosen, sampled, fresh)
@@ -171,6 +171,29 @@ class UniformRun:
                 break
             pending, start = new, cur
             keep = np.concatenate([keep, np.ones((b, big_l), dtype=bool)], axis=1)
+
+    def _denoise(self, canvas, pos, keep, past, state, t, u, done):
+        """One step over the live rows only (neither done nor finished): a row that stopped costs
+        nothing more while the others go on. Rows left out keep their state and argmax-to-be (the
+        caller ignores the rest of what they would have returned)."""
+        live = ~(done | self.finished)
+        if live.all() or not live.any():
+            return self.backend.denoise(canvas, pos, keep, past, state, t, u, done)
+        idx = np.flatnonzero(live)
+        sub_past = [tuple(x[idx] for x in kv) for kv in past]
+        am_s, sampled_s, entropy_s, state_s = self.backend.denoise(
+            canvas[idx], pos[idx], keep[idx], sub_past, None if state is None else state[idx], t[idx], u[idx],
+            np.zeros(len(idx), dtype=bool))
+        am, sampled = canvas.copy(), canvas.copy()
+        entropy = np.zeros(canvas.shape, dtype=np.float32)
+        am[idx], sampled[idx], entropy[idx] = am_s, sampled_s, entropy_s
+        if state is None:             # the first step: the others' state is never read (they stopped)
+            shape = (len(canvas), *state_s.shape[1:])
+            state = state_s.new_zeros(shape) if hasattr(state_s, "new_zeros") else np.zeros(shape, state_s.dtype)
+        else:
+            state = state.clone() if hasattr(state, "clone") else state.copy()
+        state[idx] = state_s
+        return am, sampled, entropy, state
 
     def result(self) -> UniformDiffusionResult:
         new_tokens = np.concatenate(self.canvases, axis=1)

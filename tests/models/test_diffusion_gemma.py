@@ -297,6 +297,12 @@ def test_onnx_runtime_generate_is_token_identical_to_transformers(tame_checkpoin
     ref = _transformers_generate(tame_checkpoint, monkeypatch, PROMPTS, torch.float32, **dict(options))
     backend = OrtDenoiser(artifact)
     m = backend.manifest["model"]
+    rows_fed, denoise = [], backend.denoise
+
+    def counting(canvas, *rest):
+        rows_fed.append(len(canvas))
+        return denoise(canvas, *rest)
+    backend.denoise = counting
     opts = {k: v for k, v in options.items() if k != "eos_token_id"}
     ours = generate(backend, PROMPTS, UniformDiffusionOptions(**opts), vocab_size=m["vocab_size"],
                     canvas_length=m["canvas_length"], eos_ids=[options.get("eos_token_id", m["eos_token_id"])],
@@ -304,6 +310,7 @@ def test_onnx_runtime_generate_is_token_identical_to_transformers(tame_checkpoin
     assert ours.sequences.tolist() == ref.sequences.tolist()
     assert ours.tokens_per_forward.tolist() == pytest.approx(ref.tokens_per_forward.tolist())
     assert backend.calls["encode"] == ours.encoder_forwards
+    assert sum(rows_fed) == ours.forwards.sum()          # a step runs the rows that have not stopped, only
     _check_case(case, ours, options, PROMPTS)
 
 
