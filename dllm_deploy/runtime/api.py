@@ -269,12 +269,9 @@ class Runtime:
 
     def joins_batches(self, **decode) -> bool:
         """Whether requests can join a running batch under these decode options (an exact cache)."""
-        if self.kind == "uniform":         # rows wait for the next batch
+        if self.kind != "masked":          # rows join at round / canvas boundaries (ONNX Runtime, torch)
             self.decode_config(**decode)
-            return False
-        if self.self_speculative:          # rows join at round boundaries where the cache pads and stacks
-            self.decode_config(**decode)
-            return bool(getattr(self.backend, "joins_batches", False))
+            return self.kind == "uniform" or bool(getattr(self.backend, "joins_batches", False))
         cfg, caps = self.decode_config(**decode), self.backend.capabilities
         return joins(self.backend, caps, resolve_cache(cfg.cache, caps, cfg.beam_width if cfg.strategy == "spd" else 1))
 

@@ -98,69 +98,90 @@ class UniformDecoder:
     def stream(self, prompts: list[str], opts: UniformDiffusionOptions, rows: list[RowOptions] | None = None,
                join: Callable[[], list] | None = None, cancel: Callable[[], list] | None = None) -> Iterator[dict]:
         """The chunks of docs/streaming.md, one per row and canvas (a canvas is final when its
-        steps end). ``join`` is never called (rows do not join a running batch); ``cancel``: after
-        every step, the rows to end now (finish_reason "cancelled")."""
+        steps end). ``join`` (continuous batching): called at every canvas boundary, it returns
+        [(prompt, RowOptions)] that join the batch there, numbered after the rows so far;
+        ``cancel``: after every step, the rows to end now (finish_reason "cancelled")."""
         if not prompts:
             raise UserError("no prompt given")
         rows = [RowOptions()] * len(prompts) if rows is None else list(rows)
         if len(rows) != len(prompts):
             raise UserError(f"{len(rows)} row options given for {len(prompts)} prompts (one per prompt)")
-        self.check_sampling(rows)
-        for o in rows:
-            if o.max_tokens is not None and o.max_tokens > opts.max_new_tokens:
-                raise UserError(f"max tokens ({o.max_tokens}) exceeds gen length ({opts.max_new_tokens})")
-        encoded = []
-        span = -(-opts.max_new_tokens // self.config.canvas_length) * self.config.canvas_length
-        for p in prompts:
-            ids = self.tok.encode(p)
-            if not ids:
-                raise UserError("empty prompt")
-            if len(ids) + span > self.config.max_seq:
-                raise UserError(f"prompt of {len(ids)} tokens + {span} generated exceeds the model's max_seq {self.config.max_seq}")
-            encoded.append(ids)
+        encoded = [self._encode(p, o, opts) for p, o in zip(prompts, rows)]
+        options = list(rows)          # every result row's, the joined ones' appended as they join
+
+        def take() -> list:
+            new = list(join())
+            out = [(self._encode(p, o, opts), o.seed, o.request) for p, o in new]
+            options.extend(o for _, o in new)
+            return out
         run = UniformRun(self.backend, encoded, opts, vocab_size=self.config.vocab_size,
                          canvas_length=self.config.canvas_length, eos_ids=self.eos_ids, pad_id=self.pad_id,
-                         seeds=[o.seed for o in rows], request_ids=[o.request for o in rows], own_positions=True)
-        return self._chunks(run, opts, rows, cancel)
+                         seeds=[o.seed for o in rows], request_ids=[o.request for o in rows], own_positions=True,
+                         join=None if join is None else take)
+        return self._chunks(run, opts, options, cancel)
 
-    def _chunks(self, run: UniformRun, opts, rows: list[RowOptions], cancel) -> Iterator[dict]:
-        t0 = time.perf_counter()
-        budget = [min(o.max_tokens or opts.max_new_tokens, opts.max_new_tokens) for o in rows]
-        texts = [RowText(self._decode, self.eos_ids, o.stop, budget[i]) for i, o in enumerate(rows)]
-        final: list[list[int]] = [[] for _ in rows]
-        first: list = [None] * len(rows)
+    def _encode(self, prompt: str, row: RowOptions, opts: UniformDiffusionOptions) -> list[int]:
+        """The prompt's ids, after the checks a row passes (sampling, budget, length)."""
+        self.check_sampling([row])
+        if row.max_tokens is not None and row.max_tokens > opts.max_new_tokens:
+            raise UserError(f"max tokens ({row.max_tokens}) exceeds gen length ({opts.max_new_tokens})")
+        ids = self.tok.encode(prompt)
+        if not ids:
+            raise UserError("empty prompt")
+        span = -(-opts.max_new_tokens // self.config.canvas_length) * self.config.canvas_length
+        if len(ids) + span > self.config.max_seq:
+            raise UserError(f"prompt of {len(ids)} tokens + {span} generated exceeds the model's max_seq {self.config.max_seq}")
+        return ids
+
+    def _chunks(self, run: UniformRun, opts, options: list[RowOptions], cancel) -> Iterator[dict]:
+        texts: list[RowText] = []
+        final: list[list[int]] = []
+        first: list = []
+        started: list[float] = []
+
+        def grow():                   # the call's rows, then rows that joined
+            while len(texts) < len(options):
+                o = options[len(texts)]
+                texts.append(RowText(self._decode, self.eos_ids, o.stop, min(o.max_tokens or opts.max_new_tokens,
+                                                                             opts.max_new_tokens)))
+                final.append([])
+                first.append(None)
+                started.append(time.perf_counter())
 
         def forwards(i):
             return int(run.forwards[i] + run.encoder_rows[i])
 
-        for canvas in run:
-            if canvas is not None:
-                for i, t in enumerate(texts):
+        grow()
+        for event in run:
+            grow()
+            if event is not None:
+                for i, canvas in zip(*event):
+                    t = texts[i]
                     if t.finish_reason is not None:
                         continue
-                    ids = [int(x) for x in canvas[i] if x != self.pad_id]     # pad is no token (transformers' count)
+                    ids = [int(x) for x in canvas if x != self.pad_id]     # pad is no token (transformers' count)
                     end = next((j + 1 for j, x in enumerate(ids) if x in self.eos_ids), None)
                     final[i] += ids[:end]
-                    cut = final[i][:budget[i]]
+                    cut = final[i][:t.budget]
                     if run.finished[i] and end is None:     # the canvases ran out: whatever the row has is all
                         t.budget = len(cut)
                     delta, new, reason = t.update(cut)
                     if reason:
                         run.end([i])
                     if new and first[i] is None:
-                        first[i] = time.perf_counter() - t0
-                    yield {"index": i, "delta": delta, "token_ids": new, "forwards": forwards(i), "tokens": t.sent,
-                           "finish_reason": reason}
+                        first[i] = time.perf_counter() - started[i]
+                    yield {"index": int(i), "delta": delta, "token_ids": new, "forwards": forwards(i),
+                           "tokens": t.sent, "finish_reason": reason}
             for i in (cancel() if cancel else ()):
                 if i < len(texts) and texts[i].finish_reason is None:
                     texts[i].finish_reason = "cancelled"
                     run.end([i])
                     yield {"index": i, "delta": "", "token_ids": [], "forwards": forwards(i),
                            "tokens": texts[i].sent, "finish_reason": "cancelled"}
-        wall = time.perf_counter() - t0
+        end_t = time.perf_counter()
         return [{"forwards": forwards(i), "accepted_hist": {}, "finish_reason": t.finish_reason,
-                 "time_to_first_token_s": first[i], "wall_s": wall, "beam_width_used": 1, "beam_width_requested": 1}
-                for i, t in enumerate(texts)]
+                 "time_to_first_token_s": first[i], "wall_s": end_t - started[i], "beam_width_used": 1,
+                 "beam_width_requested": 1} for i, t in enumerate(texts)]
 
     def generate(self, prompts: list[str], opts: UniformDiffusionOptions, rows: list[RowOptions] | None = None,
                  on_chunk: Callable[[dict], None] | None = None) -> list[RowResult]:

@@ -97,54 +97,64 @@ class UniformRun:
     ``eos_ids``: the ids that end a row (Gemma has two: <eos> and <end_of_turn>); ``seeds``: each
     row's noise key (default ``opts.seed`` for every row); ``request_ids``: each row's request
     word (default the row index). Iterating it runs the forwards: after every decoder step it
-    yields None, after every canvas the canvas as it joins the sequences (B,L); ``end(rows)``
-    between two yields ends rows now (their canvas so far and every later one become pad).
+    yields None, after every canvas (result rows (B,), the canvas as it joins their sequences
+    (B,L)); ``end(rows)`` between two yields ends result rows now (their canvas so far and every
+    later one become pad). Finished rows leave the batch at canvas boundaries.
     ``own_positions``: each row's positions count from its own first token, so a row decodes in a
     batch what it decodes alone (a server's rows); False: from the batch's first column, as
-    transformers' generate() numbers a left-padded batch."""
+    transformers' generate() numbers a left-padded batch. ``join`` (continuous batching; own
+    positions only): called at every canvas boundary, [(prompt ids, seed, request word)] of rows
+    that join the batch there, numbered after the rows so far."""
 
     def __init__(self, backend, prompts: list[list[int]], opts: UniformDiffusionOptions, *, vocab_size: int,
-                 canvas_length: int, eos_ids, pad_id: int, request_ids=None, seeds=None, own_positions: bool = False):
+                 canvas_length: int, eos_ids, pad_id: int, request_ids=None, seeds=None, own_positions: bool = False,
+                 join=None):
+        if join is not None and not own_positions:
+            raise ValueError("rows join a batch whose rows count positions from their own first token only")
         self.backend, self.opts, self.vocab, self.length, self.pad = backend, opts, vocab_size, canvas_length, pad_id
         self.eos_ids = np.asarray(list(eos_ids) if np.ndim(eos_ids) else [eos_ids], dtype=np.int64)
-        b, p0 = len(prompts), max(len(x) for x in prompts)
-        self.ids = np.full((b, p0), pad_id, dtype=np.int64)
-        self.keep = np.zeros((b, p0), dtype=bool)
-        for i, x in enumerate(prompts):
-            self.ids[i, p0 - len(x):], self.keep[i, p0 - len(x):] = x, True
+        self.join = join
+        b = len(prompts)
+        self.ids, self.keep, offset = _left_padded(prompts, pad_id)
+        self.offset = (offset if own_positions else np.zeros(b, dtype=np.int64))[:, None]   # per batch row
         self.req = np.arange(b, dtype=np.int64) if request_ids is None else np.asarray(request_ids, dtype=np.int64)
         self.seed = np.full(b, opts.seed, dtype=np.uint64) if seeds is None else np.asarray(seeds, dtype=np.uint64)
-        self.offset = (p0 - np.array([len(x) for x in prompts]) if own_positions else np.zeros(b, dtype=np.int64))[:, None]
-        self.finished = np.zeros(b, dtype=bool)
-        self.forwards = np.zeros(b, dtype=np.int64)          # decoder forwards per row
-        self.encoder_rows = np.zeros(b, dtype=np.int64)      # encoder forwards per row
-        self.canvases: list[np.ndarray] = []
+        self.rows = np.arange(b)                             # batch row -> result row
+        self.finished = np.zeros(b, dtype=bool)              # per result row
+        self.forwards = np.zeros(b, dtype=np.int64)          # decoder forwards per result row
+        self.encoder_rows = np.zeros(b, dtype=np.int64)      # encoder forwards per result row
+        self.out: list[list[np.ndarray]] = [[] for _ in range(b)]    # per result row: its canvases
 
     def end(self, rows) -> None:
         self.finished[np.asarray(list(rows), dtype=np.int64)] = True
 
     def __iter__(self):
-        opts, b, big_l = self.opts, len(self.ids), self.length
-        seed = self.seed[:, None]
-        req = self.req[:, None]
+        opts, big_l = self.opts, self.length
         steps = opts.max_denoising_steps
-        past = self.backend.empty(b)
+        per_row = math.ceil(opts.max_new_tokens / big_l)     # canvases a row may take (the length limit)
+        past = self.backend.empty(len(self.rows))
         keep, pending, start = self.keep, self.ids, 0
-        n_canvases = math.ceil(opts.max_new_tokens / big_l)
-        for c in range(n_canvases):
+        made = np.zeros(len(self.rows), dtype=np.int64)
+        while len(self.rows):
             cur = keep.shape[1]
             past = self.backend.encode(pending, np.maximum(np.arange(start, cur)[None] - self.offset, 0), keep, past)
-            self.encoder_rows += ~self.finished
+            self.encoder_rows[self.rows] += 1
+            if self.join is not None and (new_rows := self.join()):
+                keep, past, made = self._add(new_rows, keep, past, made)
+                cur = keep.shape[1]
+            b = len(self.rows)
+            seed, req = self.seed[:, None], self.req[:, None]
             pos = np.arange(cur, cur + big_l)[None] - self.offset
             canvas = noise.token_ids(seed, req, pos, 0, INIT, self.vocab)
             argmax, state = canvas, None
             done = np.zeros(b, dtype=bool)
             history = np.full((max(opts.stability_threshold, 0), b, big_l), -1, dtype=np.int64)
             for s in range(steps, 0, -1):
-                self.forwards += ~(done | self.finished)
+                fin = self.finished[self.rows]
+                self.forwards[self.rows] += ~(done | fin)
                 t = np.full(b, temperature(s, steps, opts.t_min, opts.t_max), dtype=np.float32)
                 u = noise.uniforms(seed, req, pos, s, SAMPLE)
-                am, sampled, entropy, state = self._denoise(canvas, pos, keep, past, state, t, u, done)
+                am, sampled, entropy, state = self._denoise(canvas, pos, keep, past, state, t, u, done, fin)
                 chosen = accept(entropy, opts.entropy_bound)
                 fresh = noise.token_ids(seed, req, pos, s, RENOISE, self.vocab)
                 nxt = np.where(chosen, sampled, fresh)
@@ -159,24 +169,57 @@ class UniformRun:
                 done |= stable & (entropy.mean(axis=-1) < np.float32(opts.confidence_threshold))
                 argmax, canvas = am, nxt
                 yield None
-                if (done | self.finished).all():     # a finished row's canvas becomes pad whatever it holds
+                if (done | self.finished[self.rows]).all():     # a finished row's canvas becomes pad whatever it holds
                     break
-            last = c == n_canvases - 1      # the length limit ends every row
-            ending = np.full(b, last) | np.isin(argmax, self.eos_ids).any(axis=-1)
-            new = finalize_canvas(argmax, self.finished, ending, self.eos_ids, self.pad)
-            self.canvases.append(new)
-            self.finished |= ending
-            yield new
-            if self.finished.all():
-                break
+            made += 1
+            ending = (made >= per_row) | np.isin(argmax, self.eos_ids).any(axis=-1)
+            new = finalize_canvas(argmax, self.finished[self.rows], ending, self.eos_ids, self.pad)
+            for j, r in enumerate(self.rows):
+                self.out[r].append(new[j])
+            self.finished[self.rows] |= ending
+            yield self.rows.copy(), new
             pending, start = new, cur
             keep = np.concatenate([keep, np.ones((b, big_l), dtype=bool)], axis=1)
+            alive = np.flatnonzero(~self.finished[self.rows])        # end() during the yield counts
+            if len(alive) < b:                                       # finished rows leave the batch
+                keep, pending, made = keep[alive], pending[alive], made[alive]
+                past = [tuple(x[alive] for x in kv) for kv in past]
+                self.rows, self.seed, self.req, self.offset = (self.rows[alive], self.seed[alive], self.req[alive],
+                                                                self.offset[alive])
 
-    def _denoise(self, canvas, pos, keep, past, state, t, u, done):
+    def _add(self, new_rows: list, keep, past, made):
+        """Rows that join at a canvas boundary: their prompts' encoder forward (their own batch),
+        then their cache, keep mask and positions stacked under the batch's, the narrower side
+        padded on the left with columns nobody attends (each row's positions stay its own)."""
+        prompts = [list(p) for p, _, _ in new_rows]
+        n = len(prompts)
+        ids, keep_n, offset_n = _left_padded(prompts, self.pad)
+        past_n = self.backend.encode(ids, np.maximum(np.arange(ids.shape[1])[None] - offset_n[:, None], 0), keep_n,
+                                     self.backend.empty(n))
+        width = max(keep.shape[1], keep_n.shape[1])
+        keep_o, keep_n = _pad_left(keep, width - keep.shape[1]), _pad_left(keep_n, width - keep_n.shape[1])
+        self.offset = self.offset + (width - keep.shape[1])
+        offset_n = offset_n + (width - ids.shape[1])
+        merged = []
+        for (k, v), (kn, vn) in zip(past, past_n):
+            w = max(k.shape[2], kn.shape[2])
+            merged.append(tuple(np.concatenate([_pad_kv(a, w), _pad_kv(c, w)]) for a, c in ((k, kn), (v, vn))))
+        first = len(self.finished)
+        self.rows = np.concatenate([self.rows, np.arange(first, first + n)])
+        self.finished = np.concatenate([self.finished, np.zeros(n, dtype=bool)])
+        self.forwards = np.concatenate([self.forwards, np.zeros(n, dtype=np.int64)])
+        self.encoder_rows = np.concatenate([self.encoder_rows, np.ones(n, dtype=np.int64)])
+        self.out += [[] for _ in range(n)]
+        self.seed = np.concatenate([self.seed, np.array([s for _, s, _ in new_rows], dtype=np.uint64)])
+        self.req = np.concatenate([self.req, np.array([r for _, _, r in new_rows], dtype=np.int64)])
+        self.offset = np.concatenate([self.offset, offset_n[:, None]])
+        return np.concatenate([keep_o, keep_n]), merged, np.concatenate([made, np.zeros(n, dtype=np.int64)])
+
+    def _denoise(self, canvas, pos, keep, past, state, t, u, done, fin):
         """One step over the live rows only (neither done nor finished): a row that stopped costs
         nothing more while the others go on. Rows left out keep their state and argmax-to-be (the
         caller ignores the rest of what they would have returned)."""
-        live = ~(done | self.finished)
+        live = ~(done | fin)
         if live.all() or not live.any():
             return self.backend.denoise(canvas, pos, keep, past, state, t, u, done)
         idx = np.flatnonzero(live)
@@ -196,9 +239,32 @@ class UniformRun:
         return am, sampled, entropy, state
 
     def result(self) -> UniformDiffusionResult:
-        new_tokens = np.concatenate(self.canvases, axis=1)
-        return UniformDiffusionResult(np.concatenate([self.ids, new_tokens], axis=1), new_tokens, self.forwards,
-                                      len(self.canvases), (new_tokens != self.pad).sum(axis=-1))
+        """The whole batch's result (a row that finished early: pad canvases after its last)."""
+        n = max(len(o) for o in self.out)
+        pad = np.full(self.length, self.pad, dtype=np.int64)
+        new_tokens = np.stack([np.concatenate(o + [pad] * (n - len(o))) for o in self.out])
+        return UniformDiffusionResult(np.concatenate([self.ids, new_tokens[:len(self.ids)]], axis=1), new_tokens,
+                                      self.forwards, n, (new_tokens != self.pad).sum(axis=-1))
+
+
+def _left_padded(prompts: list[list[int]], pad_id: int):
+    """(ids (B,P), keep (B,P), offset (B,)): the prompts left-padded to the longest, and each row's padding."""
+    p0 = max(len(x) for x in prompts)
+    ids = np.full((len(prompts), p0), pad_id, dtype=np.int64)
+    keep = np.zeros((len(prompts), p0), dtype=bool)
+    for i, x in enumerate(prompts):
+        ids[i, p0 - len(x):], keep[i, p0 - len(x):] = x, True
+    return ids, keep, p0 - np.array([len(x) for x in prompts], dtype=np.int64)
+
+
+def _pad_left(keep: np.ndarray, n: int) -> np.ndarray:
+    return np.concatenate([np.zeros((len(keep), n), dtype=bool), keep], axis=1) if n else keep
+
+
+def _pad_kv(x: np.ndarray, width: int) -> np.ndarray:
+    """(B,H,P,D) KV padded with zeros on the left to ``width`` positions (columns nobody attends)."""
+    n = width - x.shape[2]
+    return np.concatenate([np.zeros((*x.shape[:2], n, x.shape[3]), x.dtype), x], axis=2) if n else x
 
 
 def generate(backend, prompts: list[list[int]], opts: UniformDiffusionOptions, *, vocab_size: int,

@@ -334,7 +334,7 @@ def test_the_runtime_generates_streams_and_stops_text(artifact, capsys):
     from dllm_deploy.runtime.rows import RowOptions
     from dllm_deploy.runtime.uniform_diffusion import UniformDiffusionOptions, UniformRun
     rt = Runtime.load(artifact=str(artifact))
-    assert rt.kind == "uniform" and rt.strategies == ("uniform-diffusion",) and not rt.joins_batches()
+    assert rt.kind == "uniform" and rt.strategies == ("uniform-diffusion",) and rt.joins_batches()
     prompts = ["hello there", "abc"]
     got = rt.generate(prompts, gen_length=24, steps=3)
     m = OrtDenoiser(artifact).manifest
@@ -370,3 +370,23 @@ def test_the_runtime_generates_streams_and_stops_text(artifact, capsys):
                      "--json"]) == 0
     d = json.loads(capsys.readouterr().out)
     assert d["token_ids"] == got[1].token_ids and d["strategy"] == "uniform-diffusion" and d["steps"] == 3
+
+
+def test_rows_join_a_running_batch_at_canvas_boundaries(artifact):
+    """Continuous batching: requests that join at canvas boundaries (one longer than the batch's
+    prompts, one shorter) decode, and count forwards, what they do alone, and so do the rows
+    already running; finished rows leave the batch."""
+    from dllm_deploy import Runtime
+    from dllm_deploy.runtime.rows import RowOptions
+    rt = Runtime.load(artifact=str(artifact))
+    first = ["hello there", "abc"]
+    late = [("the quick brown fox jumps", RowOptions(seed=4)), ("x", RowOptions(max_tokens=9))]
+    pending = [[], [late[0]], [late[1]]]
+    chunks = list(rt.stream(first, join=lambda: pending.pop(0) if pending else [], gen_length=32, steps=3))
+    assert not pending
+    prompts, rows = first + [p for p, _ in late], [RowOptions(), RowOptions()] + [o for _, o in late]
+    for i, (prompt, row) in enumerate(zip(prompts, rows)):
+        alone = rt.generate([prompt], [row], gen_length=32, steps=3)[0]
+        mine = [c for c in chunks if c["index"] == i]
+        assert sum((c["token_ids"] for c in mine), []) == alone.token_ids, i
+        assert mine[-1]["finish_reason"] == alone.finish_reason and mine[-1]["forwards"] == alone.forwards, i

@@ -68,3 +68,11 @@ def test_a_late_request_joins_a_self_speculative_batch(selfspec_artifact, strate
     late_row = RowOptions() if strategy == "fastdiffuser" else RowOptions(temperature=0.7, seed=5)
     s = late_join(rt, {"strategy": strategy, "beam_width": 2, "gen_length": 48}, late_row)
     assert (s.joined, s.batch_sizes) == (1, [1])
+
+
+def test_a_late_request_joins_a_uniform_diffusion_batch(diffusion_gemma_export):
+    """The same on a DiffusionGemma artifact: the late request joins at a canvas boundary."""
+    from dllm_deploy import Runtime
+    rt = Runtime.load(artifact=str(diffusion_gemma_export[1]))
+    s = late_join(rt, {"gen_length": 32, "steps": 3}, RowOptions(seed=5))
+    assert (s.joined, s.batch_sizes) == (1, [1])
