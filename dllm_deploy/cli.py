@@ -276,6 +276,24 @@ def cmd_bench_self_spec(a) -> int:
     return 0
 
 
+def cmd_bench_uniform(a) -> int:
+    """bench of a uniform-diffusion artifact, against transformers with --reference (bench_uniform.py)."""
+    from . import bench_uniform as bu
+    if a.quick:
+        a.n, a.repeats, a.gen_length = 1, 2, min(a.gen_length, 64)
+        a.tasks = a.tasks or "upper,count"
+    bar = _progress(a.repeats * (2 if a.reference else 1), "bench", sys.stderr.isatty() and not a.quiet)
+    res = bu.run(a.artifact, a.reference, _csv(a.tasks) if a.tasks else None, n=a.n, repeats=a.repeats,
+                 max_new_tokens=a.gen_length, steps=a.steps, threads=a.threads, progress=bar)
+    if a.json:
+        _write_file(Path(a.json), json.dumps(res, indent=1) + "\n")
+    if not a.quiet:
+        print(bu.table(res))
+        print(f"[{res['prompts']} prompts in one batch, {res['repeats']} repeats (medians), {res['steps']} steps, "
+              f"canvas {res['canvas_length']}, onnxruntime CPU]", file=sys.stderr)
+    return 0
+
+
 def cmd_bench(a) -> int:
     from . import report
     from .bench import configurations, overlay_profile, run_bench, targets, tune
@@ -283,8 +301,7 @@ def cmd_bench(a) -> int:
     if kind == "self_spec":
         return cmd_bench_self_spec(a)
     if kind == "uniform":
-        raise UserError(f"{a.artifact}: a DiffusionGemma artifact; bench does not measure it yet "
-                        "(benchmarks/diffusion_gemma_bench.py does: docs/diffusion_gemma.md)")
+        return cmd_bench_uniform(a)
     if a.quick:
         a.n, a.repeats, a.beam_widths, a.gen_length = 1, 2, "4", min(a.gen_length, 64)
         a.tasks = a.tasks or "upper,count"
@@ -793,6 +810,13 @@ def build_parser() -> argparse.ArgumentParser:
                    help="also time the ONNX Runtime forwards of these artifacts in the same run, interleaved with "
                         "--artifact's, with tokens/s per active parameter (a mixture of experts against a dense "
                         "model of its active size: docs/moe.md)")
+    b.add_argument("--reference", default=None, metavar="CHECKPOINT",
+                   help="a DiffusionGemma artifact: also run transformers' generate() of this checkpoint (the one "
+                        "exported) on the same prompts and noise, interleaved")
+    b.add_argument("--steps", type=int, default=None, help="a DiffusionGemma artifact: denoising steps per canvas "
+                                                           "(default the artifact's, transformers' 48)")
+    b.add_argument("--threads", type=int, default=None, help="a DiffusionGemma artifact: intra-op threads of "
+                                                             "ONNX Runtime and torch")
     b.add_argument("--quick", action="store_true", help="2 tasks x 1 prompt, 2 repeats, W=4, gen length 64: a smoke run")
     b.add_argument("--tune", action="store_true",
                    help="pick the fastest configuration within the quality budget; write a profile overlay")

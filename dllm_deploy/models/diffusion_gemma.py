@@ -500,6 +500,45 @@ class TorchDenoiser:
         return am.numpy(), sampled.numpy(), entropy.numpy(), z
 
 
+def load_transformers_reference(folder: str, threads: int | None = None):
+    """transformers' DiffusionGemmaForBlockDiffusion of a checkpoint (fp32, eval), the peer that
+    ``bench --reference`` runs; a UserError where transformers cannot load it."""
+    try:
+        from transformers import DiffusionGemmaForBlockDiffusion
+    except ImportError:
+        raise UserError("--reference needs transformers >= 5.11 (pip install 'dllm-deploy[dev]')") from None
+    if threads:
+        torch.set_num_threads(threads)
+    try:
+        return DiffusionGemmaForBlockDiffusion.from_pretrained(folder, dtype=torch.float32).eval()
+    except (OSError, ValueError) as e:
+        raise UserError(f"--reference {folder}: not a DiffusionGemma checkpoint transformers loads ({e})") from None
+
+
+def transformers_generate(model, prompts: list[list[int]], opts, eos_ids, pad_id: int, draws):
+    """transformers' generate() of ``prompts`` (left-padded) with its draws replaced by ``draws``
+    (runtime/uniform_diffusion.py's TransformersDraws for this batch: the counter-based noise in
+    transformers' draw order), so it decodes the function ours decodes: (new tokens (B, N) numpy,
+    decoder forwards per row)."""
+    p = max(len(x) for x in prompts)
+    ids = torch.tensor([[pad_id] * (p - len(x)) + list(x) for x in prompts])
+    keep = torch.tensor([[0] * (p - len(x)) + [1] * len(x) for x in prompts])
+    saved = torch.randint, torch.multinomial
+    torch.randint = lambda low, high, size, **kw: torch.from_numpy(draws.randint(high, size[0]))
+    torch.multinomial = lambda probs, num_samples=1, **kw: inverse_cdf(
+        probs, torch.from_numpy(draws.uniforms(probs.shape[0])))[:, None]
+    options = {k: getattr(opts, k) for k in ("max_new_tokens", "max_denoising_steps", "t_min", "t_max",
+                                             "stability_threshold", "confidence_threshold")}
+    try:
+        with torch.no_grad():
+            out = model.generate(ids, attention_mask=keep, eos_token_id=list(eos_ids), pad_token_id=pad_id, **options)
+    finally:
+        torch.randint, torch.multinomial = saved
+    new = out.sequences[:, p:].numpy()
+    forwards = ((new != pad_id).sum(-1) / np.maximum(out.tokens_per_forward.numpy(), 1e-9)).round()
+    return new, forwards.astype(np.int64)
+
+
 # generation_config.json keys -> UniformDiffusionOptions fields (runtime/uniform_diffusion.py)
 GENERATION_KEYS = {"max_new_tokens": "max_new_tokens", "max_denoising_steps": "max_denoising_steps", "t_min": "t_min",
                    "t_max": "t_max", "stability_threshold": "stability_threshold",

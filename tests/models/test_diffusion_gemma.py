@@ -390,3 +390,20 @@ def test_rows_join_a_running_batch_at_canvas_boundaries(artifact):
         mine = [c for c in chunks if c["index"] == i]
         assert sum((c["token_ids"] for c in mine), []) == alone.token_ids, i
         assert mine[-1]["finish_reason"] == alone.finish_reason and mine[-1]["forwards"] == alone.forwards, i
+
+
+def test_bench_runs_ours_against_transformers(tame_checkpoint, artifact, tmp_path, capsys):
+    """`dllm-deploy bench` on the artifact with --reference: both runtimes over the same prompts
+    and noise, identical canvases, the same decoder forwards, a JSON anyone can compare."""
+    import json
+
+    from dllm_deploy import cli
+    out = tmp_path / "bench.json"
+    assert cli.main(["bench", "--artifact", str(artifact), "--reference", str(tame_checkpoint), "--quick", "--steps", "3",
+                     "--gen-length", "24", "--json", str(out)]) == 0
+    res = json.loads(out.read_text())
+    ref, ours = res["runs"]
+    assert (ref["runtime"], ours["runtime"]) == ("transformers", "dllm-deploy")
+    assert res["canvases_identical"] == "3/3" and ref["tokens"] == ours["tokens"] == 48
+    assert ref["decoder_forwards"] == ours["decoder_forwards"] and res["speedup_vs_transformers"] > 0
+    assert "dllm-deploy / transformers" in capsys.readouterr().out
