@@ -15,7 +15,7 @@ import statistics
 import time
 
 from .errors import UserError
-from .runtime.self_spec import LOSSY, STRATEGIES, SelfSpecOptions, generate, mean_round
+from .runtime.self_spec import CALL_DEPENDENT, LOSSY, STRATEGIES, SelfSpecOptions, generate, mean_round
 
 DEFAULT_STRATEGIES = ("ar", "linear-spec", "tree-spec", "fastdiffuser")
 
@@ -43,10 +43,6 @@ def label(strategy: str, width: int) -> str:
     return f"{strategy} W{width}" if strategy.startswith("tree-spec") else strategy
 
 
-# precisions whose graphs quantize activations per call (one scale over every token of the call): a
-# token's result depends on the other tokens of its forward, so a verification's causal predictions
-# may differ from ar's one-token forwards at near-ties (docs/self_speculation.md)
-CALL_DEPENDENT = ("int8",)
 
 
 def run(artifact: str, strategies=DEFAULT_STRATEGIES, widths=(2, 4, 8), families=None, n: int = 5, repeats: int = 3,

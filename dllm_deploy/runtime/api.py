@@ -73,8 +73,13 @@ class Runtime:
             prof, reasons, facts = get_profile(profile)
             if precision is None:   # the profile's precision when the artifact has it, else fp32
                 from ..artifact import read_manifest
-                have = read_manifest(artifact, verify=False)["precisions"]
-                precision = prof.precision if prof.precision in have else "fp32"
+                m = read_manifest(artifact, verify=False)
+                precision = prof.precision if prof.precision in m["precisions"] else "fp32"
+                from .self_spec import CALL_DEPENDENT
+                if precision in CALL_DEPENDENT and m.get("capabilities", {}).get("attention") == "causal":
+                    precision = "fp32"      # self-speculation is lossless only where a token's result is its own
+                    reasons = [*reasons, f"precision fp32, not the profile's {prof.precision}: a self-speculative "
+                               "model's verification equals ar only where activations are not scaled per call"]
             if backend == "trt":
                 from .backends.trt_backend import load_trt
                 parts = load_trt(artifact, prof, precision=precision)

@@ -39,6 +39,10 @@ from .rows import RowOptions
 STRATEGIES = ("ar", "linear-spec", "tree-spec", "fastdiffuser")
 LOSSY = ("fastdiffuser",)            # strategies whose output is not ar's
 GREEDY_ONLY = ("fastdiffuser",)      # strategies that do not sample
+# precisions whose activation scales are computed per call (dynamic int8): a token's result depends on the
+# other tokens of its forward, so a verification's causal predictions may differ from ar's one-token
+# forwards at near-ties (docs/self_speculation.md, "Precisions"); a profile's int8 gives way to fp32
+CALL_DEPENDENT = ("int8",)
 
 
 @dataclass

@@ -412,3 +412,16 @@ def test_rows_join_a_running_batch(backends):
             for i, (p, o) in enumerate(zip(order, rows)):
                 alone = decode(be, opts, [p], [o])
                 assert (res.tokens[i], res.accepted[i]) == (alone.tokens[0], alone.accepted[0]), (name, strategy, i)
+
+
+def test_a_profiles_int8_gives_way_to_fp32(checkpoints, tmp_path):
+    """A profile whose precision is int8 (per-call activation scales: not ar's output at near-ties)
+    loads a self-speculative artifact's fp32 and says why; asked for by name, int8 loads."""
+    from dllm_deploy import Runtime
+    from dllm_deploy.export.exporter import export
+    art = tmp_path / "art"
+    export(str(checkpoints["yarn"]), art, precisions=["fp32", "int8"], log=lambda m: None)
+    rt = Runtime.load(artifact=str(art), profile="cpu-arm64")
+    assert rt.profile.precision == "int8" and rt.backend.precision == "fp32"
+    assert any("not the profile's int8" in str(r) for r in rt.profile_reasons)
+    assert Runtime.load(artifact=str(art), profile="cpu-arm64", precision="int8").backend.precision == "int8"

@@ -95,7 +95,7 @@ class OrtBackend:
                  provider_options: dict | None = None, threads: int | None = None):
         import onnxruntime as ort
         from ...models.config import DLLMConfig
-        self.folder, self.manifest = Path(folder), manifest
+        self.folder, self.manifest, self.precision = Path(folder), manifest, precision
         self.config = DLLMConfig.from_dict(manifest["model"], f"{self.folder / MANIFEST}: model")
         self.topk = manifest.get("topk")
         if self.topk is None:
