@@ -193,9 +193,18 @@ def load_profiles(extra: str | Path | None = None) -> Profiles:
 _TEGRA_CC = {"tegra234": "8.7", "tegra194": "7.2"}
 
 
+ROOT_ENV = "DLLM_DEPLOY_ROOT"    # a folder standing for / when detecting (another board's facts: docs/profiles.md)
+
+
 def detect() -> dict:
     """Facts of this machine. Jetson by its L4T files (GPU and CPU share the host memory; NVML is
-    absent there); else NVML (nvidia-ml-py) for a discrete GPU when it loads; else the CPU."""
+    absent there); else NVML (nvidia-ml-py) for a discrete GPU when it loads; else the CPU.
+    With DLLM_DEPLOY_ROOT set, the facts of the folder it names instead (its proc/cpuinfo,
+    proc/meminfo, proc/device-tree and etc/nv_tegra_release; no NVML): another board's, to see
+    which profile it gets."""
+    root = os.environ.get(ROOT_ENV)
+    if root:
+        return root_facts(Path(root))
     facts = {"arch": platform.machine(), "cpus": os.cpu_count() or 1, "memory_gb": _mem_gb(), "kind": "cpu"}
     if Path("/etc/nv_tegra_release").exists():
         return {**facts, **jetson_facts(Path("/"))}
@@ -211,6 +220,26 @@ def detect() -> dict:
                          memory_gb=mem.total / 2**30, free_memory_gb=mem.free / 2**30, compute_capability=f"{cc[0]}.{cc[1]}")
     except Exception:  # noqa: BLE001, S110 -- ImportError, NVMLError_LibraryNotFound, no driver: a CPU machine
         pass
+    return facts
+
+
+def root_facts(root: Path) -> dict:
+    """The facts detect() reports for the machine whose files are under ``root``: the architecture
+    and core count from proc/cpuinfo (an ARM core lists "CPU implementer"; x86 "vendor_id"), the
+    memory from proc/meminfo's MemTotal, and a Jetson's from its L4T files."""
+    cpuinfo = root / "proc/cpuinfo"
+    try:
+        text = cpuinfo.read_text(errors="ignore")
+    except OSError as e:
+        raise UserError(f"{ROOT_ENV}={root}: no readable proc/cpuinfo there ({e.strerror})") from None
+    arch = "aarch64" if "CPU implementer" in text else "x86_64" if "vendor_id" in text else "unknown"
+    facts = {"arch": arch, "cpus": max(len(re.findall(r"^processor\s*:", text, re.M)), 1), "memory_gb": 0.0, "kind": "cpu"}
+    meminfo = root / "proc/meminfo"
+    m = re.search(r"^MemTotal:\s*(\d+)\s*kB", meminfo.read_text(errors="ignore"), re.M) if meminfo.exists() else None
+    if m:
+        facts["memory_gb"] = int(m.group(1)) / 2**20
+    if (root / "etc/nv_tegra_release").exists():
+        facts.update(jetson_facts(root))
     return facts
 
 

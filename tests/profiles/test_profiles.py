@@ -178,3 +178,39 @@ def test_a_bench_tune_overlay_loads(tmp_path):
     ps = load_profiles(_write(tmp_path, body))
     assert ps["cpu-x86_64-tuned"].decode["tree"] == "wide"
     assert select(ps, {"kind": "cpu", "arch": "x86_64"})[0].name == "cpu-x86_64-tuned"
+
+
+ARM_CPUINFO = "".join(f"processor\t: {i}\nBogoMIPS\t: 50.00\nFeatures\t: fp asimd evtstrm aes pmull sha1 sha2 crc32\n"
+                      f"CPU implementer\t: 0x41\nCPU architecture: 8\nCPU part\t: 0xd0c\n\n" for i in range(4))
+
+
+def _board(root, meminfo_kb: int, jetson_model: str | None = None):
+    """A fake root: an arm64 board's proc/cpuinfo and proc/meminfo, and a Jetson's L4T files."""
+    (root / "proc").mkdir(parents=True)
+    (root / "proc/cpuinfo").write_text(ARM_CPUINFO)
+    (root / "proc/meminfo").write_text(f"MemTotal:       {meminfo_kb} kB\nMemFree:        1000 kB\n")
+    if jetson_model:
+        (root / "proc/device-tree").mkdir()
+        (root / "etc").mkdir()
+        (root / "proc/device-tree/model").write_text(jetson_model + "\x00")
+        (root / "proc/device-tree/compatible").write_text("nvidia,p3737-0000\x00nvidia,tegra234\x00")
+        (root / "etc/nv_tegra_release").write_text("# R36 (release), REVISION: 3.0, GCID: 1, BOARD: generic\n")
+    return root
+
+
+def test_profiles_explain_auto_on_another_boards_facts(tmp_path, monkeypatch, capsys):
+    """DLLM_DEPLOY_ROOT names a folder standing for /: `profiles explain auto` on an arm64 board's
+    facts picks cpu-arm64, on a Jetson AGX Orin's jetson-orin-agx, each with its reasons."""
+    import json
+
+    from dllm_deploy.cli import main
+    for root, kb, model, want in ((tmp_path / "pi", 8_000_000, None, "cpu-arm64"),
+                                  (tmp_path / "agx", 64_000_000, "NVIDIA Jetson AGX Orin Developer Kit", "jetson-orin-agx")):
+        monkeypatch.setenv("DLLM_DEPLOY_ROOT", str(_board(root, kb, model)))
+        assert main(["profiles", "explain", "auto", "--json"]) == 0
+        out = json.loads(capsys.readouterr().out)
+        assert out["profile"] == want and out["facts"]["arch"] == "aarch64" and out["facts"]["cpus"] == 4
+        assert abs(out["facts"]["memory_gb"] - kb / 2**20) < 1e-9 and out["reasons"]
+    monkeypatch.setenv("DLLM_DEPLOY_ROOT", str(tmp_path / "nowhere"))
+    assert main(["profiles", "explain", "auto"]) == 2
+    assert "DLLM_DEPLOY_ROOT" in capsys.readouterr().err
