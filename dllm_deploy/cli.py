@@ -263,12 +263,8 @@ def cmd_bench_self_spec(a) -> int:
     bar = _progress(len(configs) * len(precisions) * a.repeats, "bench", sys.stderr.isatty() and not a.quiet)
     res = bss.run(a.artifact, strategies, widths, _csv(a.tasks) if a.tasks else None, n=a.n, repeats=a.repeats,
                   max_new_tokens=a.gen_length, batch_size=a.batch_size, progress=bar, precisions=precisions)
-    if a.json:
-        _write_file(Path(a.json), json.dumps(res, indent=1) + "\n")
-    if not a.quiet:
-        print(bss.table(res))
-        print(f"[{res['prompts']} prompts, {res['repeats']} repeats (medians), batch {res['batch_size']}, "
-              f"L {res['block_size']}, onnxruntime CPU]", file=sys.stderr)
+    _bench_out(a, res, bss.table, f"[{res['prompts']} prompts, {res['repeats']} repeats (medians), batch "
+                                  f"{res['batch_size']}, L {res['block_size']}, onnxruntime CPU]")
     if not res["lossless"]:
         bad = [r["label"] for r in res["runs"] if r["identical_to_ar"] is False and r["strategy"] not in bss.LOSSY
                and r["precision"] not in bss.CALL_DEPENDENT]
@@ -285,13 +281,18 @@ def cmd_bench_uniform(a) -> int:
     bar = _progress(a.repeats * (2 if a.reference else 1), "bench", sys.stderr.isatty() and not a.quiet)
     res = bu.run(a.artifact, a.reference, _csv(a.tasks) if a.tasks else None, n=a.n, repeats=a.repeats,
                  max_new_tokens=a.gen_length, steps=a.steps, threads=a.threads, progress=bar)
+    _bench_out(a, res, bu.table, f"[{res['prompts']} prompts in one batch, {res['repeats']} repeats (medians), "
+                                 f"{res['steps']} steps, canvas {res['canvas_length']}, onnxruntime CPU]")
+    return 0
+
+
+def _bench_out(a, res: dict, table, footer: str) -> None:
+    """A bench of another paradigm's artifact: its JSON to --json, its table and footer unless --quiet."""
     if a.json:
         _write_file(Path(a.json), json.dumps(res, indent=1) + "\n")
     if not a.quiet:
-        print(bu.table(res))
-        print(f"[{res['prompts']} prompts in one batch, {res['repeats']} repeats (medians), {res['steps']} steps, "
-              f"canvas {res['canvas_length']}, onnxruntime CPU]", file=sys.stderr)
-    return 0
+        print(table(res))
+        print(footer, file=sys.stderr)
 
 
 def cmd_bench(a) -> int:

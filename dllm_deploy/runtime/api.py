@@ -9,11 +9,11 @@ from ..artifact import artifact_format
 from ..decode_rules import OPTIONS, PROFILE_DEFAULT_KEYS, RUNTIME_OPTIONS, option_error, rule_error
 from ..errors import OptionError, UserError
 from ..models.capabilities import resolve_cache
+from .backends.diffusion_gemma_ort import FORMAT as UNIFORM_FORMAT   # a uniform-diffusion artifact's manifest
 from .loop import Decoder, RowResult, joins
 from .rows import RowOptions
 from .strategies import DecodeConfig
 
-UNIFORM_FORMAT = "diffusion_gemma/1"      # the manifest format of a uniform-diffusion artifact
 _FIELDS = [f.name for f in fields(DecodeConfig)]
 _KEYWORDS = list(dict.fromkeys([*RUNTIME_OPTIONS, *_FIELDS]))   # declared options first: the first bad one is reported
 ROW_KEYWORDS = tuple(f.name for f in fields(RowOptions) if f.name in OPTIONS)   # decode options a row may set

@@ -257,10 +257,11 @@ class SelfSpecRun:
         self.budget: list[int] = []
         self.options: list[RowOptions] = []     # each result row's
         self.started: list[float] = []          # when each result row started (perf_counter): the call or its join
-        self.prompts = self._check(prompts, rows)
+        self._check(prompts, rows)
+        self.prompts = prompts
         self.st = self._new_rows(prompts, rows)
 
-    def _check(self, prompts: list[list[int]], rows: list[RowOptions]) -> list[list[int]]:
+    def _check(self, prompts: list[list[int]], rows: list[RowOptions]) -> None:
         rows = list(rows)
         if not prompts or any(len(p) == 0 for p in prompts):
             raise UserError("every prompt needs at least one token")
@@ -275,7 +276,6 @@ class SelfSpecRun:
         if self.max_seq is not None and longest > self.max_seq:
             raise UserError(f"prompt ({max(len(p) for p in prompts)} tokens) + max_new_tokens {self.opts.max_new_tokens} + "
                             f"a block of {self.L} exceeds the model's max_seq {self.max_seq}")
-        return prompts
 
     def _new_rows(self, prompts: list[list[int]], rows: list[RowOptions]) -> _Batch:
         """A batch of new rows, numbered after the result rows so far."""
@@ -312,7 +312,8 @@ class SelfSpecRun:
         """Rows that join at a round boundary (continuous batching): their prompts' forward (their
         own batch: their first tokens are what they would be alone), then they decode with the
         others. ``new``: [(prompt ids, RowOptions)]. Returns the prompts' forward's report."""
-        prompts, rows = self._check([p for p, _ in new], [o for _, o in new]), [o for _, o in new]
+        prompts, rows = [p for p, _ in new], [o for _, o in new]
+        self._check(prompts, rows)
         other = self._new_rows(prompts, rows)
         report = _prefill(other, prompts, self.res, self.budget)
         self.st.add(other)
@@ -404,14 +405,13 @@ def _verify(st: _Batch, tries: list, res: SelfSpecResult, budget: list, ahead: i
     tok = np.full((b, t), st.pad, dtype=np.int64)
     depth = np.zeros((b, t), dtype=np.int64)
     tree = np.broadcast_to(np.eye(t, dtype=bool), (b, t, t)).copy()
-    chain = ahead
     for r, tr in enumerate(tries):
         m = sizes[r]
         tok[r, :m], depth[r, :m], tree[r, :m, :m] = tr.tokens, tr.depth, tr.ancestors()
         if ahead:
             tok[r, m:m + ahead] = st.mask_id
-            depth[r, m:m + ahead] = chain + np.arange(ahead)
-            tree[r, m:m + ahead, :chain] = True
+            depth[r, m:m + ahead] = ahead + np.arange(ahead)     # after the chain of ahead (= L) nodes
+            tree[r, m:m + ahead, :ahead] = True
             tree[r, m:m + ahead, m:m + ahead] = True
     qpos = st.next_pos[:, None] + depth
     paths: list = []
@@ -436,7 +436,7 @@ def _verify(st: _Batch, tries: list, res: SelfSpecResult, budget: list, ahead: i
         seed[r] = top[r, p[-1], 0]
         emitted.append([int(x) for x in tr.tokens[p[1:]]] + [int(seed[r])])
         st.next_pos[r] += len(p)
-        if ahead and p == list(range(chain)):
+        if ahead and p == list(range(ahead)):
             st.ahead[r] = (top[r, sizes[r]:sizes[r] + ahead], probs[r, sizes[r]:sizes[r] + ahead])
     return _advance(st, res, budget, emitted, seed)
 
@@ -499,5 +499,6 @@ def _advance(st: _Batch, res: SelfSpecResult, budget: list, emitted: list, seed:
         report.append((row, res.tokens[row], None if alive else res.stop[row]))
         if alive:
             going.append(r)
-    st.keep(np.array(going, dtype=np.int64))
+    if len(going) < len(emitted):          # a finished row leaves, its cache with it (no copy otherwise)
+        st.keep(np.array(going, dtype=np.int64))
     return report
