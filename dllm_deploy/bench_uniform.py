@@ -10,6 +10,13 @@ reported (fp32 kernels round differently and self-conditioning amplifies that: o
 the two part after a few steps). Per runtime: wall time, tokens (not pad), decoder forwards per
 row, tokens per decoder forward (transformers' count) and per forward (encoder forwards too),
 tokens/s.
+
+With ``cpp`` the C++ runtime (``dllm-generate``, ``make cpp``) decodes the same prompts in one batch
+too, interleaved with the others: its wall time is the decode loop's (the binary's ``wall_s``;
+process start, session load and tokenization excluded, as for the Python row). It numbers each
+row's positions from the row's own first token (as ``Runtime.generate`` and ``serve`` do, not as
+transformers numbers a padded batch), so its tokens are checked against ``Runtime.generate`` of the
+same prompts (``cpp_rows_identical_to_python``), not against the rows above.
 """
 from __future__ import annotations
 
@@ -41,8 +48,30 @@ def _transformers(model, prompts, opts, m: dict):
     return new, time.perf_counter() - t0, forwards, None
 
 
+def _cpp(binary, artifact: str, texts: list[str], opts, threads: int | None, pad: int):
+    """The C++ runtime's decode of ``texts`` in one batch: (token ids per row, loop wall, forwards per row)."""
+    import json
+    import subprocess
+    import tempfile
+    with tempfile.TemporaryDirectory() as d:
+        pf = f"{d}/prompts.jsonl"
+        with open(pf, "w") as f:
+            f.writelines(json.dumps(t) + "\n" for t in texts)
+        r = subprocess.run([str(binary), "--artifact", str(artifact), "--prompts-file", pf, "--json", "--batch-size",
+                            str(len(texts)), "--gen-length", str(opts.max_new_tokens), "--steps",
+                            str(opts.max_denoising_steps), "--seed", str(opts.seed),
+                            *(["--threads", str(threads)] if threads else [])],
+                           capture_output=True, text=True, check=False)
+    if r.returncode:
+        raise UserError(f"C++ runtime failed: {(r.stderr.strip().splitlines() or ['?'])[-1]}")
+    rows = [json.loads(x) for x in r.stdout.splitlines() if x.strip()]
+    ids = [[t for t in row["token_ids"] if t != pad] for row in rows]
+    return ids, max(row["wall_s"] for row in rows), [row["forwards"] for row in rows]
+
+
 def run(artifact: str, reference: str | None = None, families=None, n: int = 1, repeats: int = 3,
-        max_new_tokens: int = 128, steps: int | None = None, threads: int | None = None, progress=None) -> dict:
+        max_new_tokens: int = 128, steps: int | None = None, threads: int | None = None, progress=None,
+        cpp: bool = False) -> dict:
     from .bench import machine_facts, versions
     from .evals import tasks
     from .models.tokenizer import load_tokenizer
@@ -54,8 +83,13 @@ def run(artifact: str, reference: str | None = None, families=None, n: int = 1, 
     m = backend.manifest
     opts = decode_options(m["decoding"].get("options", {}), gen_length=max_new_tokens, steps=steps)
     tok = load_tokenizer(artifact, m["model"]["eos_token_id"])
-    prompts = [tok.encode(e.prompt) for e in tasks.eval_split(tuple(families or tasks.FAMILIES), n)]
+    texts = [e.prompt for e in tasks.eval_split(tuple(families or tasks.FAMILIES), n)]
+    prompts = [tok.encode(t) for t in texts]
     runners = {"dllm-deploy": lambda: _ours(backend, prompts, opts, m)}
+    if cpp:
+        from .bench import cpp_binary
+        binary = cpp_binary()
+        runners["dllm-deploy C++"] = lambda: _cpp(binary, artifact, texts, opts, threads, m["decoding"]["pad_id"])
     if reference is not None:
         from .models.diffusion_gemma import load_transformers_reference
         model = load_transformers_reference(reference, threads)
@@ -70,6 +104,13 @@ def run(artifact: str, reference: str | None = None, families=None, n: int = 1, 
     pad = m["decoding"]["pad_id"]
     rows = []
     for name, reps in runs.items():
+        if name == "dllm-deploy C++":     # token ids per row; forwards count the encoder's too
+            ids, wall, fwd = reps[0][0], statistics.median(r[1] for r in reps), reps[0][2]
+            valid = sum(len(x) for x in ids)
+            rows.append({"runtime": name, "wall_s": round(wall, 3), "tokens": valid,
+                         "tokens_per_s": round(valid / wall, 2), "forwards": fwd,
+                         "tokens_per_forward": round(valid / max(sum(fwd), 1), 3)})
+            continue
         tokens, _, forwards, encoder = reps[0]
         valid = int((tokens != pad).sum())
         wall = statistics.median(r[1] for r in reps)
@@ -82,22 +123,41 @@ def run(artifact: str, reference: str | None = None, families=None, n: int = 1, 
            "n": n, "repeats": repeats, "max_new_tokens": opts.max_new_tokens, "steps": opts.max_denoising_steps,
            "threads": threads, "canvas_length": m["model"]["canvas_length"], "runs": rows,
            "machine": machine_facts(), "versions": versions()}
+    if cpp:                               # the C++ rows against Python's Runtime (own positions), untimed
+        from .runtime.uniform_decoder import UniformDecoder
+        from .runtime.rows import RowOptions
+        from .models.diffusion_gemma import DiffusionGemmaConfig
+        cfg = DiffusionGemmaConfig(**{k: tuple(v) if isinstance(v, list) else v for k, v in m["model"].items()})
+        py = UniformDecoder(backend, tok, cfg, m["decoding"]).generate(texts, opts, [RowOptions(seed=opts.seed)] * len(texts))
+        got = runs["dllm-deploy C++"][0][0]
+        out["cpp_rows_identical_to_python"] = f"{sum(r.token_ids == g for r, g in zip(py, got))}/{len(texts)}"
+        out["cpp_vs_python"] = round(rows[-1]["tokens_per_s"] / next(r for r in rows if r["runtime"] == "dllm-deploy")
+                                     ["tokens_per_s"], 3)
     if reference is not None:
         ref, ours = runs["transformers"][0][0], runs["dllm-deploy"][0][0]
         c = m["model"]["canvas_length"]
         same = [bool((ref[:, i:i + c] == ours[:, i:i + c]).all()) for i in range(0, min(ref.shape[1], ours.shape[1]), c)]
         out["canvases_identical"] = f"{sum(same)}/{len(same)}"
         out["speedup_vs_transformers"] = round(rows[1]["tokens_per_s"] / rows[0]["tokens_per_s"], 3)
+        if cpp:
+            out["cpp_speedup_vs_transformers"] = round(rows[-1]["tokens_per_s"] / rows[0]["tokens_per_s"], 3)
     return out
 
 
 def table(res: dict) -> str:
-    lines = [f"{'runtime':<13} {'tok/s':>8} {'wall s':>8} {'tokens':>7} {'dec fwd/row':>11} {'TPF dec':>8} {'TPF':>6}"]
+    lines = [f"{'runtime':<15} {'tok/s':>8} {'wall s':>8} {'tokens':>7} {'dec fwd/row':>11} {'TPF dec':>8} {'TPF':>6}"]
     for r in res["runs"]:
-        lines.append(f"{r['runtime']:<13} {r['tokens_per_s']:>8.2f} {r['wall_s']:>8.3f} {r['tokens']:>7} "
+        if "decoder_forwards" not in r:    # the C++ row reports all forwards only
+            lines.append(f"{r['runtime']:<15} {r['tokens_per_s']:>8.2f} {r['wall_s']:>8.3f} {r['tokens']:>7} "
+                         f"{'':>11} {'':>8} {r['tokens_per_forward']:>6.3f}")
+            continue
+        lines.append(f"{r['runtime']:<15} {r['tokens_per_s']:>8.2f} {r['wall_s']:>8.3f} {r['tokens']:>7} "
                      f"{statistics.mean(r['decoder_forwards']):>11.1f} {r['tokens_per_decoder_forward']:>8.3f} "
                      f"{r['tokens_per_forward']:>6.3f}")
     if "speedup_vs_transformers" in res:
         lines.append(f"dllm-deploy / transformers: {res['speedup_vs_transformers']:.2f}x tokens/s; "
                      f"identical canvases {res['canvases_identical']}")
+    if "cpp_vs_python" in res:
+        lines.append(f"C++ / Python: {res['cpp_vs_python']:.2f}x tokens/s; C++ rows identical to Runtime.generate "
+                     f"{res['cpp_rows_identical_to_python']}")
     return "\n".join(lines)

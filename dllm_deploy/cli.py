@@ -278,9 +278,13 @@ def cmd_bench_uniform(a) -> int:
     if a.quick:
         a.n, a.repeats, a.gen_length = 1, 2, min(a.gen_length, 64)
         a.tasks = a.tasks or "upper,count"
-    bar = _progress(a.repeats * (2 if a.reference else 1), "bench", sys.stderr.isatty() and not a.quiet)
+    backends = set(_csv(a.backends)) - {"torch"}          # the default's torch: the masked families' reference
+    if backends - {"ort", "cpp"}:
+        raise UserError(f"a DiffusionGemma artifact runs on ort and cpp (backends {a.backends!r})")
+    bar = _progress(a.repeats * (1 + bool(a.reference) + ("cpp" in backends)), "bench",
+                    sys.stderr.isatty() and not a.quiet)
     res = bu.run(a.artifact, a.reference, _csv(a.tasks) if a.tasks else None, n=a.n, repeats=a.repeats,
-                 max_new_tokens=a.gen_length, steps=a.steps, threads=a.threads, progress=bar)
+                 max_new_tokens=a.gen_length, steps=a.steps, threads=a.threads, progress=bar, cpp="cpp" in backends)
     _bench_out(a, res, bu.table, f"[{res['prompts']} prompts in one batch, {res['repeats']} repeats (medians), "
                                  f"{res['steps']} steps, canvas {res['canvas_length']}, onnxruntime CPU]")
     return 0

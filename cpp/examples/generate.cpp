@@ -1,7 +1,8 @@
 // dllm-generate: decode prompts from an exported artifact with the C++ runtime.
 //
 //   dllm-generate --artifact DIR --prompt TEXT [--strategy vanilla|threshold|spd] [--json] ...
-//   (a self-speculative model's artifact: --strategy ar|linear-spec|tree-spec|fastdiffuser, docs/self_speculation.md)
+//   (a self-speculative model's artifact: --strategy ar|linear-spec|tree-spec|fastdiffuser, docs/self_speculation.md;
+//    a DiffusionGemma artifact: --gen-length, --steps, --seed, --stop, docs/diffusion_gemma.md)
 //   dllm-generate --artifact DIR --prompts-file FILE --json      # one JSON object per line
 //   dllm-generate --artifact DIR --prompts-file FILE --batch-size 4 --json   # 4 prompts per batch
 //
@@ -165,6 +166,48 @@ dllm::SelfSpecConfig self_spec_config(const std::vector<std::pair<std::string, s
   return c;
 }
 
+// Whether DIR/manifest.json names the uniform-diffusion format (DiffusionGemma); false when it cannot be read.
+bool uniform_manifest(const std::string& dir) {
+  std::ifstream in(dir + "/manifest.json", std::ios::binary);
+  if (!in) return false;
+  const nlohmann::json m = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
+  return m.is_object() && m.contains("format") && m["format"].is_string() &&
+         m["format"].get<std::string>() == "diffusion_gemma/1";
+}
+
+// The decode flags a uniform-diffusion model reads (docs/diffusion_gemma.md) over its defaults.
+dllm::UniformConfig uniform_config(dllm::UniformConfig c, const std::vector<std::pair<std::string, std::string>>& flags) {
+  int gen_length = 0, max_tokens = 0;
+  for (const auto& [flag, v] : flags) {
+    if (flag == "--gen-length") gen_length = at_least_1(flag, v);
+    else if (flag == "--max-tokens") max_tokens = at_least_1(flag, v);
+    else if (flag == "--steps") c.max_denoising_steps = at_least_1(flag, v);
+    else if (flag == "--seed") c.seed = static_cast<uint64_t>(to_int(flag, v));
+    else if (flag == "--stop") {
+      if (v.empty()) throw UsageError{"argument --stop: a stop string is not empty"};
+      c.stop.push_back(v);
+    } else throw UsageError{flag + " does not apply to a uniform-diffusion model (it reads --gen-length, --max-tokens, "
+                            "--steps, --seed, --stop)"};
+  }
+  if (gen_length && max_tokens && gen_length != max_tokens)
+    throw UsageError{"a uniform-diffusion model takes one budget in C++: give --gen-length or --max-tokens"};
+  if (gen_length || max_tokens) c.max_new_tokens = gen_length ? gen_length : max_tokens;
+  return c;
+}
+
+// One line of stats per result (stderr) after its text, or its JSON (stdout).
+void print_result(const dllm::Result& r, bool json, bool streamed, const std::string& what) {
+  if (json) {
+    std::cout << r.json() << "\n" << std::flush;
+    return;
+  }
+  const dllm::Stats s = r.stats();
+  std::cout << (streamed ? "" : r.text()) << "\n" << std::flush;
+  std::fprintf(stderr, "[%lld tokens, %lld forwards, TPF %.2f, %.1f tok/s, %s, backend ort-cpp, %s]\n",
+               static_cast<long long>(s.tokens), static_cast<long long>(s.forwards), s.tpf, s.tokens_per_s,
+               what.c_str(), r.finish_reason().c_str());
+}
+
 // A self-speculative model's prompts, batch after batch (its own strategies: ar, linear-spec, tree-spec,
 // fastdiffuser); on_chunk: --stream's printer, or empty.
 int run_self_spec(dllm::Runtime& rt, const std::vector<std::string>& prompts, size_t batch_size, bool json,
@@ -230,7 +273,26 @@ int run(int argc, char** argv) {
   if (stream && !json && batch_size > 1)
     throw UsageError{"--stream prints one prompt's text as it comes: use --batch-size 1, or add --json"};
 
-  // the decode flags are checked before the artifact loads: a self-speculative model's own, or the options'
+  // the decode flags are checked before the artifact loads: a self-speculative or uniform-diffusion
+  // model's own, or the options'
+  const bool uniform = uniform_manifest(artifact);
+  if (uniform) {
+    (void)uniform_config(dllm::UniformConfig(), decode_flags);   // flag errors first, as for the others
+    std::vector<std::string> prompts = have_prompt ? std::vector<std::string>{prompt} : read_prompts(prompts_file);
+    dllm::Runtime rt(artifact, ropt);
+    const dllm::UniformConfig c = uniform_config(rt.uniform_config(), decode_flags);
+    const dllm::ChunkCallback print_chunk = [json](const dllm::Chunk& ch) {
+      std::cout << (json ? ch.json + "\n" : ch.delta) << std::flush;
+      return true;
+    };
+    for (size_t first = 0; first < prompts.size(); first += batch_size) {
+      const std::vector<std::string> batch(prompts.begin() + static_cast<long>(first),
+                                           prompts.begin() + static_cast<long>(std::min(first + batch_size, prompts.size())));
+      for (const dllm::Result& r : rt.uniform_generate(batch, c, stream ? print_chunk : dllm::ChunkCallback()))
+        print_result(r, json, stream, "uniform-diffusion " + std::to_string(c.max_denoising_steps) + " steps");
+    }
+    return 0;
+  }
   const bool self_spec = self_speculative_manifest(artifact);
   dllm::Options cfg;
   dllm::SelfSpecConfig spec_cfg;

@@ -12,6 +12,7 @@
 #include "options.hpp"
 #include "ort_backend.hpp"
 #include "tokenizer.hpp"
+#include "uniform_diffusion.hpp"
 
 #ifndef DLLM_VERSION
 #define DLLM_VERSION "0.0.0"
@@ -29,7 +30,8 @@ struct dllm_options {
 };
 
 struct dllm_runtime {
-  std::unique_ptr<dllm::detail::Runtime> runtime;
+  std::unique_ptr<dllm::detail::Runtime> runtime;         // the masked and self-speculative families
+  std::unique_ptr<dllm::detail::UniformRuntime> uniform;  // or a uniform-noise diffusion model
 };
 
 struct dllm_result {
@@ -94,6 +96,23 @@ const char* default_text(const char* name) {
   return "";
 }
 
+[[noreturn]] void not_for_uniform(const dllm_runtime& rt) {
+  dllm::detail::user_error("a " + rt.uniform->family() + " model decodes by uniform-noise diffusion "
+                           "(dllm_uniform_generate; dllm-generate reads its flags); the masked and self-speculative "
+                           "strategies do not apply");
+}
+
+// The prompts as strings (a NULL prompt is refused, naming `fn`).
+std::vector<std::string> prompt_texts(const char* fn, const char* const* prompts, size_t n) {
+  if (!prompts || n == 0) dllm::detail::user_error(std::string(fn) + ": no prompt given");
+  std::vector<std::string> texts;
+  for (size_t i = 0; i < n; ++i) {
+    if (!prompts[i]) dllm::detail::user_error(std::string(fn) + ": prompt " + std::to_string(i) + " is NULL");
+    texts.emplace_back(prompts[i]);
+  }
+  return texts;
+}
+
 // The rows' results into out[0..rows) (each owned by the caller), or none when one cannot be made.
 void deliver(std::vector<dllm::detail::RowResult> rows, dllm_result** out) {
   std::vector<std::unique_ptr<dllm_result>> results;
@@ -112,12 +131,8 @@ dllm_error* generate_with(dllm_runtime* rt, const char* const* prompts, size_t n
     if (!out) dllm::detail::user_error("dllm_runtime_generate: out is NULL");
     std::fill(out, out + n, nullptr);
     if (!rt) dllm::detail::user_error("dllm_runtime_generate: runtime is NULL");
-    if (!prompts || n == 0) dllm::detail::user_error("dllm_runtime_generate: no prompt given");
-    std::vector<std::string> texts;
-    for (size_t i = 0; i < n; ++i) {
-      if (!prompts[i]) dllm::detail::user_error("dllm_runtime_generate: prompt " + std::to_string(i) + " is NULL");
-      texts.emplace_back(prompts[i]);
-    }
+    const std::vector<std::string> texts = prompt_texts("dllm_runtime_generate", prompts, n);
+    if (rt->uniform) not_for_uniform(*rt);
     deliver(rt->runtime->generate(texts, d, sink), out);
   });
 }
@@ -216,15 +231,22 @@ dllm_error* dllm_runtime_create(const char* artifact_dir, const dllm_runtime_opt
     if (e.intra_op_threads < 0) dllm::detail::user_error("intra_op_threads must be >= 0");
     if (e.max_beam_width < 0) dllm::detail::user_error("max_beam_width must be >= 0 (0: no user cap)");
     auto rt = std::make_unique<dllm_runtime>();
-    rt->runtime = std::make_unique<dllm::detail::Runtime>(artifact_dir, e);
+    if (dllm::detail::is_uniform_artifact(artifact_dir))
+      rt->uniform = std::make_unique<dllm::detail::UniformRuntime>(artifact_dir, e.precision, e.intra_op_threads);
+    else
+      rt->runtime = std::make_unique<dllm::detail::Runtime>(artifact_dir, e);
     *out = rt.release();
   });
 }
 
 void dllm_runtime_destroy(dllm_runtime* rt) { delete rt; }
 
-int32_t dllm_runtime_max_seq(const dllm_runtime* rt) { return rt ? rt->runtime->max_seq() : 0; }
-int32_t dllm_runtime_max_beam_width(const dllm_runtime* rt) { return rt ? rt->runtime->max_beam_width() : 0; }
+int32_t dllm_runtime_max_seq(const dllm_runtime* rt) {
+  return !rt ? 0 : rt->uniform ? rt->uniform->max_seq() : rt->runtime->max_seq();
+}
+int32_t dllm_runtime_max_beam_width(const dllm_runtime* rt) {
+  return !rt ? 0 : rt->uniform ? 1 : rt->runtime->max_beam_width();
+}
 
 void dllm_decode_config_init(dllm_decode_config* c) {
   if (!c) return;
@@ -358,6 +380,51 @@ int32_t dllm_runtime_self_speculative(const dllm_runtime* rt) {
   return rt && rt->runtime && rt->runtime->self_speculative() ? 1 : 0;
 }
 
+void dllm_uniform_config_init(const dllm_runtime* rt, dllm_uniform_config* cfg) {
+  if (!cfg) return;
+  const dllm::detail::UniformOptions d = rt && rt->uniform ? rt->uniform->defaults() : dllm::detail::UniformOptions();
+  std::memset(cfg, 0, sizeof *cfg);
+  cfg->struct_size = sizeof *cfg;
+  cfg->max_new_tokens = d.max_new_tokens;
+  cfg->max_denoising_steps = d.max_denoising_steps;
+  cfg->entropy_bound = d.entropy_bound;
+  cfg->t_min = d.t_min, cfg->t_max = d.t_max;
+  cfg->stability_threshold = d.stability_threshold;
+  cfg->confidence_threshold = d.confidence_threshold;
+  cfg->seed = d.seed;
+}
+
+int32_t dllm_runtime_uniform_diffusion(const dllm_runtime* rt) { return rt && rt->uniform ? 1 : 0; }
+
+dllm_error* dllm_uniform_generate(dllm_runtime* rt, const char* const* prompts, size_t n, const dllm_uniform_config* cfg,
+                                  dllm_chunk_callback on_chunk, void* user_data, dllm_result** out) {
+  return guarded([&] {
+    if (!out) dllm::detail::user_error("dllm_uniform_generate: out is NULL");
+    std::fill(out, out + n, nullptr);
+    if (!rt) dllm::detail::user_error("dllm_uniform_generate: runtime is NULL");
+    if (cfg && cfg->struct_size < sizeof(dllm_uniform_config))
+      dllm::detail::user_error("dllm_uniform_generate: cfg->struct_size is not set (dllm_uniform_config_init)");
+    const std::vector<std::string> texts = prompt_texts("dllm_uniform_generate", prompts, n);
+    if (!rt->uniform)
+      dllm::detail::user_error("dllm_uniform_generate: this model does not decode by uniform-noise diffusion "
+                               "(dllm_generate_batch, or dllm_self_spec_generate for a self-speculative one)");
+    dllm::detail::UniformOptions o = rt->uniform->defaults();
+    if (cfg) {
+      o.max_new_tokens = cfg->max_new_tokens, o.max_denoising_steps = cfg->max_denoising_steps;
+      o.entropy_bound = cfg->entropy_bound, o.t_min = cfg->t_min, o.t_max = cfg->t_max;
+      o.stability_threshold = cfg->stability_threshold, o.confidence_threshold = cfg->confidence_threshold;
+      o.seed = cfg->seed;
+      if (cfg->stop_count && !cfg->stop) dllm::detail::user_error("dllm_uniform_generate: stop is NULL but stop_count is not 0");
+      for (size_t i = 0; i < cfg->stop_count; ++i) {
+        if (!cfg->stop[i] || !*cfg->stop[i]) dllm::detail::user_error("dllm_uniform_generate: stop string " + std::to_string(i) + " is empty");
+        o.stop.emplace_back(cfg->stop[i]);
+      }
+    }
+    std::string json;
+    deliver(rt->uniform->generate(texts, o, c_sink(on_chunk, user_data, json)), out);
+  });
+}
+
 dllm_error* dllm_self_spec_generate(dllm_runtime* rt, const char* const* prompts, size_t n,
                                     const dllm_self_spec_config* cfg, dllm_result** out) {
   return dllm_self_spec_generate_stream(rt, prompts, n, cfg, nullptr, nullptr, out);
@@ -370,7 +437,6 @@ dllm_error* dllm_self_spec_generate_stream(dllm_runtime* rt, const char* const* 
     if (!out) dllm::detail::user_error("dllm_self_spec_generate: out is NULL");
     std::fill(out, out + n, nullptr);
     if (!rt) dllm::detail::user_error("dllm_self_spec_generate: runtime is NULL");
-    if (!prompts || n == 0) dllm::detail::user_error("dllm_self_spec_generate: no prompt given");
     // a caller built against the header before stop / stop_count passes the shorter struct
     if (cfg && cfg->struct_size < offsetof(dllm_self_spec_config, stop))
       dllm::detail::user_error("dllm_self_spec_generate: cfg->struct_size is not set (dllm_self_spec_config_init)");
@@ -387,11 +453,8 @@ dllm_error* dllm_self_spec_generate_stream(dllm_runtime* rt, const char* const* 
         }
       }
     }
-    std::vector<std::string> texts;
-    for (size_t i = 0; i < n; ++i) {
-      if (!prompts[i]) dllm::detail::user_error("dllm_self_spec_generate: prompt " + std::to_string(i) + " is NULL");
-      texts.emplace_back(prompts[i]);
-    }
+    const std::vector<std::string> texts = prompt_texts("dllm_self_spec_generate", prompts, n);
+    if (rt->uniform) not_for_uniform(*rt);
     std::string json;
     deliver(rt->runtime->self_spec(texts, o, c_sink(on_chunk, user_data, json)), out);
   });

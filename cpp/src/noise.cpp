@@ -25,10 +25,16 @@ PhiloxCounter philox4x64_10(PhiloxCounter counter, PhiloxKey key) {
   return counter;
 }
 
-float sample_uniform(uint64_t seed, uint64_t request, int64_t position, int64_t step) {
-  const PhiloxCounter out = philox4x64_10(
-      {static_cast<uint64_t>(position), static_cast<uint64_t>(step), request, 0}, {seed, 0});
-  return static_cast<float>(static_cast<double>(out[0] >> 40) * 0x1p-24);
+uint64_t philox_raw(uint64_t seed, uint64_t request, int64_t position, int64_t step, uint64_t use) {
+  return philox4x64_10({static_cast<uint64_t>(position), static_cast<uint64_t>(step), request, use}, {seed, 0})[0];
+}
+
+float sample_uniform(uint64_t seed, uint64_t request, int64_t position, int64_t step, uint64_t use) {
+  return static_cast<float>(static_cast<double>(philox_raw(seed, request, position, step, use) >> 40) * 0x1p-24);
+}
+
+int64_t uniform_token(uint64_t seed, uint64_t request, int64_t position, int64_t step, uint64_t use, int64_t vocab) {
+  return static_cast<int64_t>((philox_raw(seed, request, position, step, use) >> 32) % static_cast<uint64_t>(vocab));
 }
 
 }  // namespace dllm::detail

@@ -18,8 +18,15 @@ using PhiloxKey = std::array<uint64_t, 2>;
 // Philox(counter=c, key=k).random_raw() is philox4x64_10(c + 1, k)[0].
 PhiloxCounter philox4x64_10(PhiloxCounter counter, PhiloxKey key);
 
-// The uniform in [0, 1) of one position: counter (position, step, request, 0), key (seed, 0);
-// the top 24 bits of the first output word, exact in float32.
-float sample_uniform(uint64_t seed, uint64_t request, int64_t position, int64_t step);
+// The first output word of counter (position, step, request, use) under key (seed, 0): noise.py's
+// raw(). `use` tells apart draws of one position and step that serve different ends (the masked
+// families draw one, use 0; the uniform-diffusion rule three: uniform_diffusion.hpp).
+uint64_t philox_raw(uint64_t seed, uint64_t request, int64_t position, int64_t step, uint64_t use = 0);
+
+// The uniform in [0, 1) of one position: the top 24 bits of philox_raw, exact in float32.
+float sample_uniform(uint64_t seed, uint64_t request, int64_t position, int64_t step, uint64_t use = 0);
+
+// A token id uniform over [0, vocab): the top 32 bits of philox_raw modulo vocab (noise.py's token_ids).
+int64_t uniform_token(uint64_t seed, uint64_t request, int64_t position, int64_t step, uint64_t use, int64_t vocab);
 
 }  // namespace dllm::detail

@@ -32,7 +32,13 @@ std::string Chunk::to_json(int index) const {
 }
 
 RowStream::RowStream(const Tokenizer& tokenizer, std::vector<std::string> stop, int64_t budget, int64_t eos_id)
-    : tokenizer_(&tokenizer), stop_(std::move(stop)), budget_(budget), eos_id_(eos_id) {}
+    : RowStream(tokenizer, std::move(stop), budget, std::vector<int64_t>{eos_id}) {}
+
+RowStream::RowStream(const Tokenizer& tokenizer, std::vector<std::string> stop, int64_t budget,
+                     std::vector<int64_t> eos_ids)
+    : tokenizer_(&tokenizer), stop_(std::move(stop)), budget_(budget), eos_ids_(std::move(eos_ids)) {}
+
+bool RowStream::is_eos(int64_t id) const { return std::find(eos_ids_.begin(), eos_ids_.end(), id) != eos_ids_.end(); }
 
 // Held back while the row goes on: a trailing U+FFFD (an incomplete UTF-8 sequence may complete
 // with the next token), then the longest trailing part that is a proper prefix of a stop string.
@@ -67,13 +73,14 @@ size_t RowStream::ids_within(const std::vector<int64_t>& ids, size_t n_max, cons
   return ids_.size();
 }
 
-bool RowStream::report(const std::vector<int64_t>& ids, int64_t forwards, Chunk* out) {
+bool RowStream::report(const std::vector<int64_t>& ids, int64_t forwards, Chunk* out, bool always) {
   if (reason_) return false;
   final_ = ids;
-  const auto eos = std::find(final_.begin(), final_.end(), eos_id_);
+  const auto eos = std::find_if(final_.begin(), final_.end(), [this](int64_t id) { return is_eos(id); });
   if (eos != final_.end()) final_.erase(eos + 1, final_.end());
   if (static_cast<int64_t>(final_.size()) > budget_) final_.resize(static_cast<size_t>(budget_));
-  if (final_.size() <= reported_) return false;
+  // no new id: no chunk, unless set_budget lowered the budget to the ids reported (the last, "length")
+  if (final_.size() <= reported_ && static_cast<int64_t>(final_.size()) < budget_ && !always) return false;
   reported_ = final_.size();
 
   const std::string text = tokenizer_->decode(final_);
@@ -83,7 +90,7 @@ bool RowStream::report(const std::vector<int64_t>& ids, int64_t forwards, Chunk*
     reason_ = "stop";
     released = text.substr(0, cut);
     n = ids_within(final_, final_.size(), released);
-  } else if (std::find(final_.begin(), final_.end(), eos_id_) != final_.end()) {
+  } else if (std::any_of(final_.begin(), final_.end(), [this](int64_t id) { return is_eos(id); })) {
     reason_ = "eos";
     released = text;
   } else if (static_cast<int64_t>(final_.size()) >= budget_) {

@@ -31,11 +31,18 @@ class RowStream {
  public:
   // budget: min(max_tokens, canvas) final ids at most; tokenizer: the engine's, which outlives the stream.
   RowStream(const Tokenizer& tokenizer, std::vector<std::string> stop, int64_t budget, int64_t eos_id);
+  // A model with several ids that end a row (Gemma: <eos> and <end_of_turn>).
+  RowStream(const Tokenizer& tokenizer, std::vector<std::string> stop, int64_t budget, std::vector<int64_t> eos_ids);
 
   // The row's final ids before the cuts (finished blocks, then the committed prefix); true when a
-  // chunk is due, written to *out.
-  bool report(const std::vector<int64_t>& ids, int64_t forwards, Chunk* out);
+  // chunk is due, written to *out. always: a chunk even when no id came (one per uniform-diffusion
+  // canvas, as Python's uniform_decoder.py yields).
+  bool report(const std::vector<int64_t>& ids, int64_t forwards, Chunk* out, bool always = false);
 
+  // Fewer final ids than the budget said will come (a uniform-diffusion row whose canvases ran
+  // out, pad tokens not counted): the next report that reaches `budget` ends the row ("length").
+  void set_budget(int64_t budget) { budget_ = budget; }
+  int64_t budget() const { return budget_; }
   bool finished() const { return reason_ != nullptr; }
   const char* finish_reason() const { return reason_; }
   const std::string& text() const { return text_; }           // released so far
@@ -45,10 +52,12 @@ class RowStream {
   std::string held_back(const std::string& text) const;        // text without the held-back tail
   size_t stop_cut(const std::string& text) const;              // the earliest stop string's start, or npos
   size_t ids_within(const std::vector<int64_t>& ids, size_t n_max, const std::string& text) const;
+  bool is_eos(int64_t id) const;
 
   const Tokenizer* tokenizer_;
   std::vector<std::string> stop_;
-  int64_t budget_, eos_id_;
+  int64_t budget_;
+  std::vector<int64_t> eos_ids_;
   size_t reported_ = 0;             // the final id count at the last chunk
   const char* reason_ = nullptr;
   std::string text_;

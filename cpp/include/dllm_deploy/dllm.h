@@ -41,8 +41,10 @@ extern "C" {
  *    dllm_result_finish_reason, dllm_result_time_to_first_token_s, streaming (dllm_generate_stream,
  *    dllm_chunk); the result's JSON gains finish_reason and time_to_first_token_s.
  * 5: batches (dllm_generate_batch): several prompts decoded together, one result each; a chunk's
- *    index is its prompt's position in the call. */
-#define DLLM_ABI_VERSION 5
+ *    index is its prompt's position in the call.
+ * 6: uniform-noise diffusion models (DiffusionGemma: dllm_uniform_generate); dllm_runtime_create
+ *    loads their artifacts. */
+#define DLLM_ABI_VERSION 6
 
 /* dllm_decode_config.steps when no LLaDA step count is given (vanilla commits tokens_per_step per
  * step). Any other value below 1 is refused with an error that names `steps`. */
@@ -247,6 +249,41 @@ DLLM_API dllm_error* dllm_self_spec_generate(dllm_runtime* rt, const char* const
 DLLM_API dllm_error* dllm_self_spec_generate_stream(dllm_runtime* rt, const char* const* prompts, size_t n,
                                                     const dllm_self_spec_config* cfg, dllm_chunk_callback on_chunk,
                                                     void* user_data, dllm_result** out);
+
+/* ---- uniform-noise diffusion models --------------------------------------------------------
+ * A DiffusionGemma artifact (manifest format "diffusion_gemma/1", docs/diffusion_gemma.md) decodes
+ * canvases of random ids denoised step by step; its tokens are those of Python's Runtime.generate
+ * for the same prompts and options. The generate functions above refuse it; this one decodes it.
+ * dllm_runtime_create loads it (precision "fp32"; max_beam_width and verify_hashes do not apply). */
+
+typedef struct dllm_uniform_config {
+  uint32_t struct_size;        /* sizeof(dllm_uniform_config), set by dllm_uniform_config_init */
+  int32_t max_new_tokens;      /* tokens per prompt, decoded in whole canvases (256) */
+  int32_t max_denoising_steps; /* decoder steps per canvas at most (48) */
+  double entropy_bound;        /* a step keeps its lowest-entropy positions within this summed entropy (0.1) */
+  double t_min, t_max;         /* the sampling temperature, t_max at the first step to t_min at the last (0.4, 0.8) */
+  int32_t stability_threshold; /* a row stops once its argmax held this many steps (1) ... */
+  double confidence_threshold; /* ... and its mean entropy is below this (0.005) */
+  uint64_t seed;               /* the noise's key (0): the same seed, the same tokens */
+  const char* const* stop;     /* stop_count stop strings (UTF-8, non-empty): a row's text ends
+                                  before the first one found, finish reason "stop" (NULL / 0: none) */
+  size_t stop_count;
+} dllm_uniform_config;
+
+/* The defaults: transformers' DiffusionGemma generation defaults, overridden by the artifact's
+ * own (its generation_config.json) when rt is a uniform-diffusion runtime (rt may be NULL). */
+DLLM_API void dllm_uniform_config_init(const dllm_runtime* rt, dllm_uniform_config* cfg);
+/* 1 when the runtime's artifact decodes by uniform-noise diffusion, else 0 (NULL: 0). */
+DLLM_API int32_t dllm_runtime_uniform_diffusion(const dllm_runtime* rt);
+/* The n prompts decoded together (each row's positions its own); on success out[i] owns prompt i's
+ * result (token ids up to and including an EOS, pad ids left out; forwards: the row's decoder steps
+ * and encoder forwards; finish reason "eos", "stop" or "length"); on failure every out[i] is NULL.
+ * on_chunk (may be NULL) is called on the calling thread once per row and canvas (a canvas's tokens
+ * are final when its steps end), as in dllm_generate_batch: a non-zero return cancels every
+ * unfinished row ("cancelled"). cfg NULL: dllm_uniform_config_init(rt, ...). */
+DLLM_API dllm_error* dllm_uniform_generate(dllm_runtime* rt, const char* const* prompts, size_t n,
+                                           const dllm_uniform_config* cfg, dllm_chunk_callback on_chunk,
+                                           void* user_data, dllm_result** out);
 
 /* ---- results ------------------------------------------------------------------------------ */
 

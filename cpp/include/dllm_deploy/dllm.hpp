@@ -185,6 +185,18 @@ struct SelfSpecConfig {
   std::vector<std::string> stop;       // stop strings (finish reason "stop")
 };
 
+// dllm_uniform_config as a value type; its numbers default to the runtime's (Runtime::uniform_config).
+struct UniformConfig {
+  int max_new_tokens = 256;
+  int max_denoising_steps = 48;
+  double entropy_bound = 0.1;
+  double t_min = 0.4, t_max = 0.8;
+  int stability_threshold = 1;
+  double confidence_threshold = 0.005;
+  uint64_t seed = 0;
+  std::vector<std::string> stop;       // stop strings (finish reason "stop")
+};
+
 class Runtime {
  public:
   explicit Runtime(const std::string& artifact_dir, const RuntimeOptions& options = RuntimeOptions()) {
@@ -244,6 +256,37 @@ class Runtime {
     const std::vector<const char*> texts = c_strings(prompts);
     return chunked(prompts.size(), on_chunk, [&](dllm_chunk_callback cb, void* data, dllm_result** raw) {
       return dllm_self_spec_generate_stream(h_.get(), texts.data(), texts.size(), &c, cb, data, raw);
+    });
+  }
+
+  // A uniform-noise diffusion model (DiffusionGemma, docs/diffusion_gemma.md).
+  bool uniform_diffusion() const { return dllm_runtime_uniform_diffusion(h_.get()) != 0; }
+  // Its defaults (the artifact's generation defaults over transformers').
+  UniformConfig uniform_config() const {
+    dllm_uniform_config c;
+    dllm_uniform_config_init(h_.get(), &c);
+    UniformConfig out;
+    out.max_new_tokens = c.max_new_tokens, out.max_denoising_steps = c.max_denoising_steps;
+    out.entropy_bound = c.entropy_bound, out.t_min = c.t_min, out.t_max = c.t_max;
+    out.stability_threshold = c.stability_threshold, out.confidence_threshold = c.confidence_threshold;
+    out.seed = c.seed;
+    return out;
+  }
+  // The prompts decoded together, one result each (dllm_uniform_generate); on_chunk (optional)
+  // sees one chunk per row and canvas.
+  std::vector<Result> uniform_generate(const std::vector<std::string>& prompts, const UniformConfig& config,
+                                       const ChunkCallback& on_chunk = ChunkCallback()) {
+    dllm_uniform_config c;
+    dllm_uniform_config_init(h_.get(), &c);
+    c.max_new_tokens = config.max_new_tokens, c.max_denoising_steps = config.max_denoising_steps;
+    c.entropy_bound = config.entropy_bound, c.t_min = config.t_min, c.t_max = config.t_max;
+    c.stability_threshold = config.stability_threshold, c.confidence_threshold = config.confidence_threshold;
+    c.seed = config.seed;
+    const std::vector<const char*> stop = c_strings(config.stop);
+    c.stop = stop.data(), c.stop_count = stop.size();
+    const std::vector<const char*> texts = c_strings(prompts);
+    return chunked(prompts.size(), on_chunk, [&](dllm_chunk_callback cb, void* data, dllm_result** raw) {
+      return dllm_uniform_generate(h_.get(), texts.data(), texts.size(), &c, cb, data, raw);
     });
   }
 
