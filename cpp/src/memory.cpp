@@ -1,5 +1,7 @@
 #include "memory.hpp"
 
+#include <cstdlib>
+
 #include <unistd.h>
 
 #include <algorithm>
@@ -152,7 +154,10 @@ int beam_width_cap(const ModelConfig& m, int64_t free_bytes, const MemoryBudget&
 }
 
 int64_t free_memory_bytes() {
-  std::ifstream in("/proc/meminfo");
+  // DLLM_DEPLOY_ROOT: a folder standing for / (another board's files), as Python's profile
+  // detection and free-memory figure read it (dllm_deploy/profiles/memory.py::free_memory_bytes)
+  const char* root = std::getenv("DLLM_DEPLOY_ROOT");
+  std::ifstream in(root && *root ? std::string(root) + "/proc/meminfo" : std::string("/proc/meminfo"));
   std::string line;
   while (std::getline(in, line)) {
     if (line.rfind("MemAvailable:", 0) != 0) continue;

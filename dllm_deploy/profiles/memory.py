@@ -188,9 +188,12 @@ def beam_width_cap(cfg: dict, free_bytes: int, fraction: float = 0.5, reserve_mb
 
 
 def free_memory_bytes() -> int:
-    """Available host memory (MemAvailable); the GPU path uses NVML's free memory instead."""
+    """Available host memory (MemAvailable); the GPU path uses NVML's free memory instead. With
+    DLLM_DEPLOY_ROOT set (profiles.ROOT_ENV: another board's files), that folder's proc/meminfo,
+    as the profile's detection reads it (the C++ runtime's W cap reads the same)."""
+    root = os.environ.get("DLLM_DEPLOY_ROOT")
     try:
-        with open("/proc/meminfo") as f:
+        with open(os.path.join(root, "proc/meminfo") if root else "/proc/meminfo") as f:
             for line in f:
                 if line.startswith("MemAvailable:"):
                     return int(line.split()[1]) * 1024

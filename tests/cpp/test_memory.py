@@ -98,3 +98,29 @@ def test_default_budget_is_this_machines_cpu_profile(cpp_build, tiny_artifact):
         pytest.skip(f"this machine's profile {prof.name} is not a CPU profile")
     out = _cpp(cpp_build, Path(tiny_artifact[0]), "fp32", GIB, 8)
     assert (out["fraction"], out["reserve_mb"]) == (prof.memory["fraction"], prof.memory["reserve_mb"])
+
+
+def test_both_runtimes_cap_w_from_another_boards_meminfo(cpp_build, tiny_artifact, tmp_path, monkeypatch):
+    """DLLM_DEPLOY_ROOT (docs/profiles.md): the W cap of Runtime.load and of dllm-generate comes
+    from that folder's proc/meminfo MemAvailable, the same W on both."""
+    from dllm_deploy import Runtime
+    art = tiny_artifact[0]
+    m = json.loads((art / "manifest.json").read_text())
+    cfg = {**DLLMConfig.from_dict(m["model"]).to_dict(), "kv_shapes": m["kv_shapes"]}
+    prof, _, _ = get_profile("auto")
+    fraction, reserve = prof.memory["fraction"], prof.memory["reserve_mb"]
+    need = estimate_bytes(cfg, "fp32", 1, 3, block_length=cfg["block_size"], max_seq=cfg["max_seq"])["total"]
+    free = int((need + reserve * 2**20) / fraction) + 1            # W 3 fits, W 4 does not
+    root = tmp_path / "board"
+    (root / "proc").mkdir(parents=True)
+    (root / "proc" / "cpuinfo").write_text(Path("/proc/cpuinfo").read_text())
+    (root / "proc" / "meminfo").write_text(f"MemTotal: {4 * free // 1024} kB\nMemAvailable: {free // 1024 + 1} kB\n")
+    monkeypatch.setenv("DLLM_DEPLOY_ROOT", str(root))
+    assert Runtime.load(artifact=str(art)).max_beam_width == 3
+    r = subprocess.run([str(cpp_build / "dllm-generate"), "--artifact", str(art), "--prompt", "upper: air\n",
+                        "--strategy", "spd", "--beam-width", "8", "--gen-length", "32", "--json"],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["beam_width_used"] == 3
+    monkeypatch.delenv("DLLM_DEPLOY_ROOT")
+    assert Runtime.load(artifact=str(art)).max_beam_width == 8      # this machine's memory: no cap
