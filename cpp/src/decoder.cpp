@@ -67,6 +67,18 @@ CacheMode resolve_cache(const std::string& mode, const Capabilities& caps, int w
   return cache_mode_named(it->second);  // the manifest's reader checked the names
 }
 
+void RowResult::finish(const RowStream& stream, double wall, double backend) {
+  text = stream.text();
+  token_ids = stream.ids();
+  finish_reason = stream.finished() ? stream.finish_reason() : "cancelled";
+  tokens = static_cast<int64_t>(token_ids.size());
+  finished = finish_reason == "eos" || finish_reason == "stop";
+  tpf = static_cast<double>(tokens) / static_cast<double>(std::max<int64_t>(forwards, 1));
+  wall_s = wall;
+  tokens_per_s = wall > 0 ? static_cast<double>(tokens) / wall : 0.0;
+  backend_s = backend;
+}
+
 std::string RowResult::to_json() const {
   std::string o = "{\"text\": ";
   append_json_string(o, text);
@@ -179,19 +191,9 @@ std::vector<RowResult> Runtime::generate(const std::vector<std::string>& prompts
   }
   const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   for (size_t i = 0; i < out.size(); ++i) {
-    RowResult& o = out[i];
-    const RowStream& st = streams_[i];
-    o.text = st.text();
-    o.token_ids = st.ids();
-    o.finish_reason = st.finished() ? st.finish_reason() : "cancelled";
-    o.finished = o.finish_reason == "eos" || o.finish_reason == "stop";
-    o.tokens = static_cast<int64_t>(o.token_ids.size());
-    o.tpf = static_cast<double>(o.tokens) / static_cast<double>(std::max<int64_t>(o.forwards, 1));
-    o.wall_s = wall;
-    o.tokens_per_s = wall > 0 ? static_cast<double>(o.tokens) / wall : 0.0;
-    o.backend_s = backend_->run_seconds - backend0;
-    o.beam_width_used = policy.width();
-    o.beam_width_requested = requested;
+    out[i].finish(streams_[i], wall, backend_->run_seconds - backend0);
+    out[i].beam_width_used = policy.width();
+    out[i].beam_width_requested = requested;
   }
   return out;
 }

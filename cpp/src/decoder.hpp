@@ -55,6 +55,9 @@ struct RowResult {
   std::string warnings;
 
   std::string to_json() const;  // the keys of `dllm-deploy generate --json` + backend_s
+  // The row's released text and ids from its stream (no finish reason: "cancelled"), and the
+  // counters derived from them over `forwards` (set before), the call's wall and backend seconds.
+  void finish(const RowStream& stream, double wall, double backend);
 };
 
 struct RuntimeOptions {

@@ -336,17 +336,8 @@ std::vector<RowResult> Runtime::self_spec(const std::vector<std::string>& prompt
   }
   const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   for (size_t i = 0; i < out.size(); ++i) {
-    RowResult& r = out[i];
-    r.text = streams[i].text();
-    r.token_ids = streams[i].ids();
-    r.finish_reason = streams[i].finished() ? streams[i].finish_reason() : "cancelled";
-    r.tokens = static_cast<int64_t>(r.token_ids.size());
-    r.finished = r.finish_reason == "eos" || r.finish_reason == "stop";
-    r.tpf = static_cast<double>(r.tokens) / static_cast<double>(std::max<int64_t>(r.forwards, 1));
-    r.wall_s = wall;
-    r.tokens_per_s = wall > 0 ? static_cast<double>(r.tokens) / wall : 0.0;
-    r.backend_s = backend_->run_seconds - backend0;
-    r.beam_width_used = r.beam_width_requested = static_cast<int>(std::max<size_t>(width, 1));
+    out[i].finish(streams[i], wall, backend_->run_seconds - backend0);
+    out[i].beam_width_used = out[i].beam_width_requested = static_cast<int>(std::max<size_t>(width, 1));
   }
   return out;
 }
