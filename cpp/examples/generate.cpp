@@ -195,8 +195,11 @@ dllm::UniformConfig uniform_config(dllm::UniformConfig c, const std::vector<std:
   return c;
 }
 
-// One line of stats per result (stderr) after its text, or its JSON (stdout).
+// One result: its JSON (stdout), or its text (unless streamed) and a line of stats naming `what`
+// (stderr); its warnings first.
 void print_result(const dllm::Result& r, bool json, bool streamed, const std::string& what) {
+  const std::string warnings = r.warnings();
+  if (!warnings.empty()) std::cerr << "dllm-generate: warning: " << warnings << "\n";
   if (json) {
     std::cout << r.json() << "\n" << std::flush;
     return;
@@ -208,24 +211,15 @@ void print_result(const dllm::Result& r, bool json, bool streamed, const std::st
                what.c_str(), r.finish_reason().c_str());
 }
 
-// A self-speculative model's prompts, batch after batch (its own strategies: ar, linear-spec, tree-spec,
-// fastdiffuser); on_chunk: --stream's printer, or empty.
-int run_self_spec(dllm::Runtime& rt, const std::vector<std::string>& prompts, size_t batch_size, bool json,
-                  const dllm::SelfSpecConfig& c, const dllm::ChunkCallback& on_chunk) {
+// The prompts batch after batch (--batch-size of them decoded together, one batch as Python's
+// generate), every result printed; decode(batch) gives the batch's results, what(result) its stats' label.
+template <class Decode, class What>
+int run_batches(const std::vector<std::string>& prompts, size_t batch_size, bool json, bool streamed, Decode decode,
+                What what) {
   for (size_t first = 0; first < prompts.size(); first += batch_size) {
     const std::vector<std::string> batch(prompts.begin() + static_cast<long>(first),
                                          prompts.begin() + static_cast<long>(std::min(first + batch_size, prompts.size())));
-    for (const dllm::Result& r : rt.self_spec_generate(batch, c, on_chunk)) {
-      if (json) {
-        std::cout << r.json() << "\n" << std::flush;
-        continue;
-      }
-      const dllm::Stats s = r.stats();
-      std::cout << (on_chunk ? "" : r.text()) << "\n" << std::flush;
-      std::fprintf(stderr, "[%lld tokens, %lld forwards, TPF %.2f, %.1f tok/s, %s W %d, backend ort-cpp, %s]\n",
-                   static_cast<long long>(s.tokens), static_cast<long long>(s.forwards), s.tpf, s.tokens_per_s,
-                   c.strategy.c_str(), s.beam_width_used, r.finish_reason().c_str());
-    }
+    for (const dllm::Result& r : decode(batch)) print_result(r, json, streamed, what(r));
   }
   return 0;
 }
@@ -285,13 +279,10 @@ int run(int argc, char** argv) {
       std::cout << (json ? ch.json + "\n" : ch.delta) << std::flush;
       return true;
     };
-    for (size_t first = 0; first < prompts.size(); first += batch_size) {
-      const std::vector<std::string> batch(prompts.begin() + static_cast<long>(first),
-                                           prompts.begin() + static_cast<long>(std::min(first + batch_size, prompts.size())));
-      for (const dllm::Result& r : rt.uniform_generate(batch, c, stream ? print_chunk : dllm::ChunkCallback()))
-        print_result(r, json, stream, "uniform-diffusion " + std::to_string(c.max_denoising_steps) + " steps");
-    }
-    return 0;
+    return run_batches(
+        prompts, batch_size, json, stream,
+        [&](const std::vector<std::string>& b) { return rt.uniform_generate(b, c, stream ? print_chunk : dllm::ChunkCallback()); },
+        [&](const dllm::Result&) { return "uniform-diffusion " + std::to_string(c.max_denoising_steps) + " steps"; });
   }
   const bool self_spec = self_speculative_manifest(artifact);
   dllm::Options cfg;
@@ -307,26 +298,16 @@ int run(int argc, char** argv) {
     std::cout << (json ? c.json + "\n" : c.delta) << std::flush;
     return true;
   };
-  if (self_spec) return run_self_spec(rt, prompts, batch_size, json, spec_cfg, stream ? print_chunk : dllm::ChunkCallback());
-  // --batch-size prompts of the file decoded together (one batch, as Python's generate), batch after batch
-  for (size_t first = 0; first < prompts.size(); first += batch_size) {
-    const std::vector<std::string> batch(prompts.begin() + static_cast<long>(first),
-                                         prompts.begin() + static_cast<long>(std::min(first + batch_size, prompts.size())));
-    for (const dllm::Result& r : rt.generate_batch(batch, cfg, stream ? print_chunk : dllm::ChunkCallback())) {
-      const std::string warnings = r.warnings();
-      if (!warnings.empty()) std::cerr << "dllm-generate: warning: " << warnings << "\n";
-      if (json) {
-        std::cout << r.json() << "\n" << std::flush;
-      } else {
-        const dllm::Stats s = r.stats();
-        std::cout << (stream ? "" : r.text()) << "\n" << std::flush;
-        std::fprintf(stderr, "[%lld tokens, %lld forwards, TPF %.2f, %.1f tok/s, beam_width %d, backend ort-cpp, %s]\n",
-                     static_cast<long long>(s.tokens), static_cast<long long>(s.forwards), s.tpf, s.tokens_per_s,
-                     s.beam_width_used, r.finish_reason().c_str());
-      }
-    }
-  }
-  return 0;
+  const dllm::ChunkCallback on_chunk = stream ? print_chunk : dllm::ChunkCallback();
+  if (self_spec)   // its own strategies: ar, linear-spec, tree-spec, fastdiffuser
+    return run_batches(
+        prompts, batch_size, json, stream,
+        [&](const std::vector<std::string>& b) { return rt.self_spec_generate(b, spec_cfg, on_chunk); },
+        [&](const dllm::Result& r) { return spec_cfg.strategy + " W " + std::to_string(r.stats().beam_width_used); });
+  return run_batches(
+      prompts, batch_size, json, stream,
+      [&](const std::vector<std::string>& b) { return rt.generate_batch(b, cfg, on_chunk); },
+      [&](const dllm::Result& r) { return "beam_width " + std::to_string(r.stats().beam_width_used); });
 }
 
 }  // namespace
