@@ -12,6 +12,8 @@ if [ "$(id -u)" != 0 ] || ! command -v apt-get >/dev/null; then
   echo "get_cross_tools: ${missing[*]} missing and no root apt-get here: the aarch64 check will skip" >&2
   exit 0
 fi
-DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${missing[@]}" >/dev/null 2>&1 ||
+install() { DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${missing[@]}" >/dev/null 2>&1; }
+# a fresh machine may have no package lists yet: update them once and retry
+install || { apt-get update -q >/dev/null 2>&1 && install; } ||
   echo "get_cross_tools: apt-get install ${missing[*]} failed: the aarch64 check will skip" >&2
 exit 0
