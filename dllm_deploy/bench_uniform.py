@@ -50,21 +50,10 @@ def _transformers(model, prompts, opts, m: dict):
 
 def _cpp(binary, artifact: str, texts: list[str], opts, threads: int | None, pad: int):
     """The C++ runtime's decode of ``texts`` in one batch: (token ids per row, loop wall, forwards per row)."""
-    import json
-    import subprocess
-    import tempfile
-    with tempfile.TemporaryDirectory() as d:
-        pf = f"{d}/prompts.jsonl"
-        with open(pf, "w") as f:
-            f.writelines(json.dumps(t) + "\n" for t in texts)
-        r = subprocess.run([str(binary), "--artifact", str(artifact), "--prompts-file", pf, "--json", "--batch-size",
-                            str(len(texts)), "--gen-length", str(opts.max_new_tokens), "--steps",
-                            str(opts.max_denoising_steps), "--seed", str(opts.seed),
-                            *(["--threads", str(threads)] if threads else [])],
-                           capture_output=True, text=True, check=False)
-    if r.returncode:
-        raise UserError(f"C++ runtime failed: {(r.stderr.strip().splitlines() or ['?'])[-1]}")
-    rows = [json.loads(x) for x in r.stdout.splitlines() if x.strip()]
+    from .bench import cpp_generate
+    rows = cpp_generate(binary, artifact, texts, ["--batch-size", str(len(texts)), "--gen-length", str(opts.max_new_tokens),
+                                                  "--steps", str(opts.max_denoising_steps), "--seed", str(opts.seed),
+                                                  *(["--threads", str(threads)] if threads else [])])
     ids = [[t for t in row["token_ids"] if t != pad] for row in rows]
     return ids, max(row["wall_s"] for row in rows), [row["forwards"] for row in rows]
 

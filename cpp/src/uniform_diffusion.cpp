@@ -227,7 +227,8 @@ std::vector<RowResult> UniformRuntime::generate(const std::vector<std::string>& 
         }
       }
       for (size_t b = 0; b < B; ++b) {
-        uniform_accept(entropy.data() + b * L, L, static_cast<float>(o.entropy_bound), chosen.data() + b * L);
+        if (!done[b])   // a stopped row's canvas stays: nothing to accept
+          uniform_accept(entropy.data() + b * L, L, static_cast<float>(o.entropy_bound), chosen.data() + b * L);
         bool stable = true;
         for (size_t j = 0; j < L; ++j) {
           const size_t i = b * L + j;

@@ -33,7 +33,7 @@ Json read_json(const std::string& path) {
 
 class Fields {
  public:
-  Fields(const Json& j, std::string path) : j_(j), path_(std::move(path)) {}
+  explicit Fields(std::string path) : path_(std::move(path)) {}
   const Json& at(const Json& obj, const std::string& key, const std::string& where) const {
     if (!obj.is_object() || !obj.contains(key)) corrupt("no " + where + key);
     return obj.at(key);
@@ -66,7 +66,6 @@ class Fields {
   [[noreturn]] void corrupt(const std::string& what) const { artifact_error(path_ + ": corrupt manifest (" + what + ")"); }
 
  private:
-  const Json& j_;
   std::string path_;
 };
 
@@ -82,7 +81,7 @@ bool is_uniform_artifact(const std::string& folder) {
 UniformManifest read_uniform_manifest(const std::string& folder, const std::string& precision) {
   const std::string path = (fs::path(folder) / "manifest.json").string();
   const Json j = read_json(path);
-  const Fields f(j, path);
+  const Fields f(path);
   UniformManifest m;
   m.folder = folder;
   m.family = j.value("family", std::string("diffusion_gemma"));
@@ -179,6 +178,20 @@ struct UniformGraphs::Impl {
     return out;
   }
 
+  // The inputs both graphs start with: ids and positions (B,T), the full and sliding masks (B,1,T,*).
+  void add_head(std::vector<Ort::Value>& in, const std::vector<int64_t>& ids, const std::vector<int64_t>& pos,
+                size_t rows, std::vector<uint8_t>& full, std::vector<uint8_t>& sliding) {
+    const int64_t B = static_cast<int64_t>(rows), T = static_cast<int64_t>(ids.size() / rows);
+    const int64_t ids_shape[2] = {B, T};
+    const int64_t full_shape[4] = {B, 1, T, static_cast<int64_t>(full.size()) / (B * T)};
+    const int64_t sliding_shape[4] = {B, 1, T, static_cast<int64_t>(sliding.size()) / (B * T)};
+    in.push_back(Ort::Value::CreateTensor<int64_t>(mem, const_cast<int64_t*>(ids.data()), ids.size(), ids_shape, 2));
+    in.push_back(Ort::Value::CreateTensor<int64_t>(mem, const_cast<int64_t*>(pos.data()), pos.size(), ids_shape, 2));
+    in.push_back(Ort::Value::CreateTensor(mem, full.data(), full.size(), full_shape, 4, ONNX_TENSOR_ELEMENT_DATA_TYPE_BOOL));
+    in.push_back(Ort::Value::CreateTensor(mem, sliding.data(), sliding.size(), sliding_shape, 4,
+                                          ONNX_TENSOR_ELEMENT_DATA_TYPE_BOOL));
+  }
+
   Ort::Value floats(const float* data, size_t n, const std::vector<int64_t>& shape) {
     return Ort::Value::CreateTensor<float>(mem, const_cast<float*>(n ? data : &none), n, shape.data(), shape.size());
   }
@@ -267,15 +280,8 @@ KV UniformGraphs::encode(const std::vector<int64_t>& ids, const std::vector<int6
   const size_t t = ids.size() / rows, width = keep.size() / rows, p = width - t;
   std::vector<uint8_t> full, sliding;
   encoder_masks(keep, rows, p, t, s.window, full, sliding);
-  const int64_t B = static_cast<int64_t>(rows), T = static_cast<int64_t>(t);
-  const std::vector<int64_t> ids_shape{B, T}, full_shape{B, 1, T, static_cast<int64_t>(width)},
-      sliding_shape{B, 1, T, static_cast<int64_t>(sliding.size() / (rows * t))};
   std::vector<Ort::Value> in;
-  in.push_back(Ort::Value::CreateTensor<int64_t>(s.mem, const_cast<int64_t*>(ids.data()), ids.size(), ids_shape.data(), 2));
-  in.push_back(Ort::Value::CreateTensor<int64_t>(s.mem, const_cast<int64_t*>(pos.data()), pos.size(), ids_shape.data(), 2));
-  in.push_back(Ort::Value::CreateTensor(s.mem, full.data(), full.size(), full_shape.data(), 4, ONNX_TENSOR_ELEMENT_DATA_TYPE_BOOL));
-  in.push_back(Ort::Value::CreateTensor(s.mem, sliding.data(), sliding.size(), sliding_shape.data(), 4,
-                                        ONNX_TENSOR_ELEMENT_DATA_TYPE_BOOL));
+  s.add_head(in, ids, pos, rows, full, sliding);
   for (const Tensor& x : past) in.push_back(s.floats(x.data.data(), x.data.size(), x.shape));
   std::vector<Ort::Value> out = s.run(s.encode, s.enc_in, in, s.enc_out, run_seconds);
   return take_kv(out, 0);
@@ -289,15 +295,9 @@ void UniformGraphs::denoise(const std::vector<int64_t>& canvas, const std::vecto
   std::vector<uint8_t> full, sliding;
   decoder_masks(keep, rows, p, t, s.window, full, sliding);
   const int64_t B = static_cast<int64_t>(rows), T = static_cast<int64_t>(t);
-  const std::vector<int64_t> ids_shape{B, T}, full_shape{B, 1, T, static_cast<int64_t>(p + t)},
-      sliding_shape{B, 1, T, static_cast<int64_t>(sliding.size() / (rows * t))},
-      soft_shape{B, T, static_cast<int64_t>(s.hidden)}, row_shape{B};
+  const std::vector<int64_t> ids_shape{B, T}, soft_shape{B, T, static_cast<int64_t>(s.hidden)}, row_shape{B};
   std::vector<Ort::Value> in;
-  in.push_back(Ort::Value::CreateTensor<int64_t>(s.mem, const_cast<int64_t*>(canvas.data()), canvas.size(), ids_shape.data(), 2));
-  in.push_back(Ort::Value::CreateTensor<int64_t>(s.mem, const_cast<int64_t*>(pos.data()), pos.size(), ids_shape.data(), 2));
-  in.push_back(Ort::Value::CreateTensor(s.mem, full.data(), full.size(), full_shape.data(), 4, ONNX_TENSOR_ELEMENT_DATA_TYPE_BOOL));
-  in.push_back(Ort::Value::CreateTensor(s.mem, sliding.data(), sliding.size(), sliding_shape.data(), 4,
-                                        ONNX_TENSOR_ELEMENT_DATA_TYPE_BOOL));
+  s.add_head(in, canvas, pos, rows, full, sliding);
   in.push_back(s.floats(soft.data(), soft.size(), soft_shape));
   in.push_back(s.floats(temperature.data(), temperature.size(), row_shape));
   in.push_back(s.floats(u.data(), u.size(), ids_shape));
