@@ -3,8 +3,10 @@ bundled artifact (lab run, not in `make test`; docs/cpp.md "Cross-building for a
 
 - graph parity: prefill and verify, fp32 and int8, the same .npy inputs through dllm-graph-run on
   both; max abs difference per output;
-- tokens: strategies x precisions x the first prompts of the evaluation tasks, one block each,
-  through dllm-generate on both; identical token ids counted, forwards compared.
+- tokens: strategies x cache modes x precisions x the first prompts of the evaluation tasks, one
+  block each, through dllm-generate --trace on both; identical token ids counted, forwards compared,
+  and where the decision traces part, the first differing decision with its margin on each machine
+  (docs/cpp.md "What 'the same model' means": a difference at a margin over 1e-3 is a bug).
 
     PYTHONPATH=$PWD .venv/bin/python benchmarks/arm64_parity.py --artifact ART --json benchmarks/arm64_parity.json
 
@@ -22,6 +24,9 @@ import time
 from pathlib import Path
 
 import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from dllm_deploy.runtime.trace import first_difference, margin_drift  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 X86, ARM = REPO / "build" / "cpp", REPO / "build" / "cpp-aarch64"
@@ -66,20 +71,59 @@ def graph_parity(art: Path, cpu: str) -> dict:
     return out
 
 
-def tokens(art: Path, prompts: list[str], cpu: str) -> list[dict]:
+CACHES = ("exact", "none", "delayed")      # the bundled (block-causal) model's; delayed runs one branch (not SPD)
+NEAR_TIE = 1e-3                            # a differing decision with a wider margin is a bug
+
+
+def _per_prompt(records: list[dict]) -> list[list[dict]]:
+    """dllm-generate --trace over a prompts file (batches of one): a prompt's records start at its
+    first forward."""
+    out: list[list[dict]] = []
+    for r in records:
+        if r["forward"] == 1 and r["block"] == 0 and r["step"] == 0:
+            out.append([])
+        out[-1].append(r)
+    return out
+
+
+def tokens(art: Path, prompts: list[str], cpu: str, caches=CACHES) -> list[dict]:
+    """Every strategy x cache mode x precision over the prompts, each prompt decoded alone, with
+    decision traces on both machines: identical tokens and forwards counted; where a trace parts,
+    the first differing decision and its margins."""
     rows = []
-    for precision in ("fp32", "int8"):
-        for name, flags in STRATEGIES.items():
-            for p in prompts:
-                args = ["--artifact", str(art), "--prompt", p, "--gen-length", "32", "--precision", precision, "--json",
-                        *flags]
-                x = json.loads(run("dllm-generate", *args, emulated=False, cpu=cpu).stdout)
-                t0 = time.perf_counter()
-                a = json.loads(run("dllm-generate", *args, emulated=True, cpu=cpu).stdout)
-                rows.append({"precision": precision, "strategy": name, "prompt": p, "identical": a["token_ids"] == x["token_ids"],
-                             "forwards_x86": x["forwards"], "forwards_arm": a["forwards"], "tokens": x["tokens"],
-                             "emulated_s": round(time.perf_counter() - t0, 1)})
-                print(json.dumps(rows[-1]), file=sys.stderr)
+    with tempfile.TemporaryDirectory() as d:
+        d = Path(d)
+        pfile = d / "prompts.jsonl"
+        pfile.write_text("".join(json.dumps(p) + "\n" for p in prompts))
+        for precision in ("fp32", "int8"):
+            for name, flags in STRATEGIES.items():
+                for cache in caches:
+                    if cache == "delayed" and name.startswith("spd"):
+                        continue
+                    args = ["--artifact", str(art), "--prompts-file", str(pfile), "--gen-length", "32",
+                            "--precision", precision, "--cache", cache, "--json", *flags]
+                    res, traces = {}, {}
+                    for where, emulated in (("x86", False), ("arm", True)):
+                        t0 = time.perf_counter()
+                        r = run("dllm-generate", *args, "--trace", str(d / f"{where}.jsonl"), emulated=emulated, cpu=cpu)
+                        res[where] = [json.loads(line) for line in r.stdout.splitlines()]
+                        traces[where] = _per_prompt([json.loads(line) for line in (d / f"{where}.jsonl").read_text().splitlines()])
+                        if emulated:
+                            took = round(time.perf_counter() - t0, 1)
+                    for i, p in enumerate(prompts):
+                        x, a = res["x86"][i], res["arm"][i]
+                        diff = first_difference(traces["x86"][i], traces["arm"][i])
+                        if diff:
+                            diff = {"record": diff["record"], "margin_x86": diff["margin_a"], "margin_arm": diff["margin_b"],
+                                    "x86": diff["a"], "arm": diff["b"]}
+                        rows.append({"precision": precision, "strategy": name, "cache": cache, "prompt": p,
+                                     "identical": a["token_ids"] == x["token_ids"], "forwards_x86": x["forwards"],
+                                     "forwards_arm": a["forwards"], "tokens": x["tokens"], "same_trace": diff is None,
+                                     "margin_drift": margin_drift(traces["x86"][i], traces["arm"][i]),
+                                     **({"first_difference": diff} if diff else {})})
+                    print(json.dumps({"precision": precision, "strategy": name, "cache": cache, "emulated_s": took,
+                                      "identical": sum(r["identical"] for r in rows[-len(prompts):]),
+                                      "same_trace": sum(r["same_trace"] for r in rows[-len(prompts):])}), file=sys.stderr)
     return rows
 
 
@@ -98,6 +142,13 @@ def main() -> None:
     t = res["tokens"]
     res["identical"] = f"{sum(r['identical'] for r in t)}/{len(t)}"
     res["same_forwards"] = f"{sum(r['forwards_x86'] == r['forwards_arm'] for r in t)}/{len(t)}"
+    res["same_trace"] = f"{sum(r['same_trace'] for r in t)}/{len(t)}"
+    parted = [r["first_difference"] for r in t if not r["same_trace"]]
+    # a trace that parts does so at a decision whose margin is below NEAR_TIE on both machines, or it is a bug
+    widest = [max(p["margin_x86"], p["margin_arm"]) for p in parted]
+    res["differences_at_near_ties"] = f"{sum(m < NEAR_TIE for m in widest)}/{len(parted)}"
+    res["widest_margin_at_a_difference"] = max(widest, default=None)
+    res["margin_drift"] = max(r["margin_drift"] for r in t)
     print(json.dumps({k: v for k, v in res.items() if k != "tokens"}, indent=1))
     if a.json:
         Path(a.json).write_text(json.dumps(res, indent=1) + "\n")

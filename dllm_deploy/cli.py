@@ -98,14 +98,21 @@ def cmd_generate(a) -> int:
         raise UserError("--stream prints one prompt's text as it comes: give one --prompt, or add --json "
                         "(each chunk line names its row)")
     if _artifact_kind(a.artifact) != "masked":
+        if a.trace:
+            raise UserError(f"--trace records the decisions of masked-diffusion models; {a.artifact} is a "
+                            f"{_artifact_kind(a.artifact)} one")
         return _generate_other(a, prompts, messages)
     decode_config(**_decode_kwargs(a))            # bad options fail before a model is loaded
     rt = _runtime(a)
     if messages is not None:
         prompts = [rt.chat_prompt(messages)]
     dcfg = rt.decode_config(**_decode_kwargs(a))
+    records: list[dict] = []
     results = rt.generate(prompts, [row_options(**_decode_kwargs(a))] * len(prompts), config=dcfg,
-                          on_chunk=_print_chunk(a.json) if a.stream else None)
+                          on_chunk=_print_chunk(a.json) if a.stream else None,
+                          trace=records.append if a.trace else None)
+    if a.trace:
+        _write_trace(Path(a.trace), records)
     if a.json:
         payload = results[0].to_dict() if len(results) == 1 else {"results": [r.to_dict() for r in results]}
         print(json.dumps(payload))
@@ -115,6 +122,18 @@ def cmd_generate(a) -> int:
             print(f"[{r.tokens} tokens, {r.forwards} forwards, TPF {r.tpf:.2f}, {r.tokens_per_s:.1f} tok/s, "
                   f"beam_width {r.beam_width_used}, backend {rt.backend.name}, {r.finish_reason}]", file=sys.stderr)
     return 0
+
+
+def _write_trace(path: Path, records: list[dict]) -> None:
+    """The decision records as JSON lines (runtime/trace.py), written whole, then renamed into place."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    try:
+        tmp.write_text("".join(json.dumps(r) + "\n" for r in records))
+        tmp.replace(path)
+    except OSError as e:
+        tmp.unlink(missing_ok=True)
+        raise UserError(f"--trace: cannot write {path} ({e.strerror})") from None
+    print(f"trace: {len(records)} decision records in {path}", file=sys.stderr)
 
 
 def _generate_other(a, prompts: list[str], messages) -> int:
@@ -730,6 +749,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--stream", action="store_true",
                    help="print text as it becomes final (--json: one JSON object per chunk, then the result; "
                         "docs/streaming.md)")
+    g.add_argument("--trace", default=None, metavar="FILE",
+                   help="write each decode step's decisions and their margins to FILE, one JSON object a line "
+                        "(masked-diffusion models; docs/cpp.md \"What 'the same model' means\")")
     _add_decode_flags(g)
     g.set_defaults(func=cmd_generate)
 
@@ -980,5 +1002,17 @@ def main(argv=None) -> int:
         signal.signal(signal.SIGTERM, previous)
 
 
+def entry() -> None:
+    """The console script: ``main`` of the command line, then its exit status. After SIGTERM the
+    process leaves at once (streams flushed, the cleanup done): the interpreter's ordinary shutdown
+    can crash (SIGSEGV) under native threads that a cut-short export or quantization still runs."""
+    rc = main()
+    if rc == 128 + signal.SIGTERM:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(rc)
+    sys.exit(rc)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    entry()

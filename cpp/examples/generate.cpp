@@ -18,10 +18,13 @@
 // byte is refused (FILE:LINE); invalid UTF-8 is read as U+FFFD, as `dllm-deploy generate` does.
 // A user error prints one line on stderr and exits with 2 (1 for an internal error). The decode
 // flags are the declared options' (dllm_option_info): a new option needs no code here.
+// --trace FILE writes each decode step's decisions and their margins (masked-diffusion models), one
+// JSON object a line, as `dllm-deploy generate --trace` (row: the prompt's index in its batch).
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <stdexcept>
@@ -37,7 +40,7 @@ namespace {
 const char* kUsage =
     "usage: dllm-generate --artifact DIR (--prompt TEXT | --prompts-file FILE) [--max-beam-width W]\n"
     "                     [--precision fp32|int8|int4] [--threads N] [--no-verify] [--json] [--stream]\n"
-    "                     [--batch-size N]\n"
+    "                     [--batch-size N] [--trace FILE]\n"
     "                     [DECODE OPTIONS]\n"
     "decode options:\n";
 
@@ -224,8 +227,32 @@ int run_batches(const std::vector<std::string>& prompts, size_t batch_size, bool
   return 0;
 }
 
+// --trace: the records written whole, then renamed into place.
+void write_trace(const std::string& path, const std::string& records) {
+  const std::filesystem::path target(path);
+  const std::filesystem::path tmp = target.parent_path() / ("." + target.filename().string() + ".tmp");
+  {
+    std::ofstream f(tmp, std::ios::binary);
+    f << records;
+    if (!f.flush()) {
+      std::error_code ignored;
+      std::filesystem::remove(tmp, ignored);
+      throw UsageError{"--trace: cannot write " + path};
+    }
+  }
+  std::error_code err;
+  std::filesystem::rename(tmp, target, err);
+  if (err) {
+    std::filesystem::remove(tmp, err);
+    throw UsageError{"--trace: cannot write " + path};
+  }
+  size_t n = 0;
+  for (char c : records) n += c == '\n';
+  std::cerr << "trace: " << n << " decision records in " << path << "\n";
+}
+
 int run(int argc, char** argv) {
-  std::string artifact, prompt, prompts_file;
+  std::string artifact, prompt, prompts_file, trace_file;
   bool have_prompt = false, json = false, stream = false;
   size_t batch_size = 1;
   dllm::RuntimeOptions ropt;
@@ -254,6 +281,7 @@ int run(int argc, char** argv) {
     if (flag == "--artifact") artifact = v;
     else if (flag == "--prompt") prompt = v, have_prompt = true;
     else if (flag == "--prompts-file") prompts_file = v;
+    else if (flag == "--trace") trace_file = v;
     else if (flag == "--max-beam-width") ropt.max_beam_width = at_least_1(flag, v);
     else if (flag == "--batch-size") batch_size = static_cast<size_t>(at_least_1(flag, v));
     else if (!option_of(flag).empty()) decode_flags.emplace_back(flag, v);
@@ -270,6 +298,9 @@ int run(int argc, char** argv) {
   // the decode flags are checked before the artifact loads: a self-speculative or uniform-diffusion
   // model's own, or the options'
   const bool uniform = uniform_manifest(artifact);
+  if (!trace_file.empty() && (uniform || self_speculative_manifest(artifact)))
+    throw UsageError{"--trace records the decisions of masked-diffusion models; " + artifact + " is a " +
+                     (uniform ? "uniform-diffusion" : "self-speculative") + " one"};
   if (uniform) {
     (void)uniform_config(dllm::UniformConfig(), decode_flags);   // flag errors first, as for the others
     std::vector<std::string> prompts = have_prompt ? std::vector<std::string>{prompt} : read_prompts(prompts_file);
@@ -304,10 +335,14 @@ int run(int argc, char** argv) {
         prompts, batch_size, json, stream,
         [&](const std::vector<std::string>& b) { return rt.self_spec_generate(b, spec_cfg, on_chunk); },
         [&](const dllm::Result& r) { return spec_cfg.strategy + " W " + std::to_string(r.stats().beam_width_used); });
-  return run_batches(
+  std::string trace;
+  if (!trace_file.empty()) rt.set_trace([&trace](const std::string& line) { trace += line + "\n"; });
+  const int rc = run_batches(
       prompts, batch_size, json, stream,
       [&](const std::vector<std::string>& b) { return rt.generate_batch(b, cfg, on_chunk); },
       [&](const dllm::Result& r) { return "beam_width " + std::to_string(r.stats().beam_width_used); });
+  if (!trace_file.empty()) write_trace(trace_file, trace);
+  return rc;
 }
 
 }  // namespace

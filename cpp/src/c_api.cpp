@@ -248,6 +248,12 @@ int32_t dllm_runtime_max_beam_width(const dllm_runtime* rt) {
   return !rt ? 0 : rt->uniform ? 1 : rt->runtime->max_beam_width();
 }
 
+void dllm_runtime_set_trace(dllm_runtime* rt, dllm_trace_callback on_record, void* user_data) {
+  if (!rt || !rt->runtime) return;
+  if (!on_record) return rt->runtime->set_trace({});
+  rt->runtime->set_trace([on_record, user_data](const std::string& line) { on_record(line.c_str(), line.size(), user_data); });
+}
+
 void dllm_decode_config_init(dllm_decode_config* c) {
   if (!c) return;
   const dllm::detail::DecodeOptions d;  // the declared defaults (decode_options.json)

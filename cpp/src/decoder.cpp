@@ -289,6 +289,8 @@ void Runtime::size_buffers(const std::vector<std::vector<int64_t>>& prompts, siz
   vi_.resize(b * W * L * K_);
   vp_.resize(b * W * L * K_);
   branch_steps_.resize(b * W);
+  records_.resize(b);
+  recorded_.assign(b, 0);
   step_.resize(b);
   full_.resize(b);
   cached_.resize(b * L);
@@ -322,13 +324,21 @@ void Runtime::decode_block(size_t k, Policy& policy, std::vector<RowResult>& out
       int64_t* block = state_.data() + r * L;
       policy.plan(block, fi_.data() + r * L * K, fp_.data() + r * L * K, k_int, step_[r], nodes_.data() + r * W * L);
       if (full_[r]) continue;
+      if (trace_) {
+        TraceRecord& rec = records_[r];
+        policy.trace_plan(block, fp_.data() + r * L * K, k_int, step_[r], nodes_.data() + r * W * L, rec);
+        rec.row = rows_[r], rec.block = k, rec.forward = out[rows_[r]].forwards, recorded_[r] = 1;
+      }
       std::copy_n(nodes_.begin() + static_cast<long>(r * W * L), L, block);  // node 0 is known exactly
       full_[r] = block_status(block, L, mask_id_, eos_id_).done;
     }
     if (report(out)) return;
     bool waiting = true;
     for (size_t r = 0; r < b; ++r) full_[r] |= stopped_[rows_[r]], waiting &= full_[r] != 0;
-    if (waiting) return drop_held();
+    if (waiting) {
+      flush_trace();
+      return drop_held();
+    }
     for (size_t r = 0; r < b; ++r)
       for (size_t w = 0; w < W; ++w) branch_steps_[r * W + w] = step_[r] + depths_[w] + 1;
     if (mode_ == CacheMode::kDelayed)
@@ -340,6 +350,11 @@ void Runtime::decode_block(size_t k, Policy& policy, std::vector<RowResult>& out
       int64_t steps = 0;
       const size_t cur = static_cast<size_t>(policy.select(nodes_.data() + r * W * L, vi_.data() + r * W * L * K,
                                                            vp_.data() + r * W * L * K, k_int, step_[r], &steps));
+      if (trace_) {
+        records_[r].accepted = steps;
+        policy.trace_checks(nodes_.data() + r * W * L, vp_.data() + r * W * L * K, k_int, step_[r],
+                            static_cast<int>(cur), records_[r]);
+      }
       RowResult& o = out[rows_[r]];
       o.forwards += 1;
       o.accepted_hist[static_cast<size_t>(steps)] += 1;
@@ -349,7 +364,15 @@ void Runtime::decode_block(size_t k, Policy& policy, std::vector<RowResult>& out
       step_[r] += steps;
       full_[r] = block_status(state_.data() + r * L, L, mask_id_, eos_id_).done;
     }
+    flush_trace();
   }
+}
+
+// This iteration's decision records, in batch order, to the trace sink.
+void Runtime::flush_trace() {
+  if (!trace_) return;
+  for (size_t r = 0; r < B(); ++r)
+    if (recorded_[r]) trace_(records_[r].json()), recorded_[r] = 0;
 }
 
 // Each row's block k joins its tokens (up to its EOS) (loop.py::_Run.finish_block); the rows that

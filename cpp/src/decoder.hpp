@@ -75,6 +75,7 @@ CacheMode resolve_cache(const std::string& mode, const Capabilities& caps, int w
 // Called on the decoding thread with each chunk (stream.hpp) of row `index` (the prompt's position
 // in the call); false cancels the generation.
 using ChunkSink = std::function<bool(size_t index, const Chunk&)>;
+using TraceSink = std::function<void(const std::string& json_line)>;
 
 class Runtime {
  public:
@@ -92,6 +93,9 @@ class Runtime {
   std::vector<RowResult> self_spec(const std::vector<std::string>& prompts, const SelfSpecOptions& options,
                                    const ChunkSink& sink = ChunkSink());
   bool self_speculative() const { return manifest_.caps.attention == "causal"; }
+  // Each decision record of the masked decode loop (trace.cpp), one JSON line, as its iteration
+  // ends; an empty sink turns tracing off.
+  void set_trace(TraceSink sink) { trace_ = std::move(sink); }
   int max_seq() const { return manifest_.model.max_seq; }
   int max_beam_width() const { return cap_; }
 
@@ -131,6 +135,10 @@ class Runtime {
   bool sampling_ = false;        // temperature > 0: each fed token gets its uniform
   uint64_t seed_ = 0, request_ = 0;
   std::vector<int> depths_;      // (W,) the policy's node depths
+  TraceSink trace_;                    // decision records (set_trace)
+  std::vector<TraceRecord> records_;   // (B,) this iteration's, when tracing
+  std::vector<uint8_t> recorded_;      // (B,) records_[r] is this iteration's
+  void flush_trace();
   std::vector<int64_t> branch_steps_;  // (B,W) the step each verified node serves
   std::vector<int64_t> col_steps_;     // (B,T) the step of each fed column
   Prefix prefix_;                // (B,P) prompts + committed blocks

@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "decode_options.gen.hpp"
@@ -30,6 +31,19 @@ struct Schedule {           // SPD's lossy-mode tau ("confidence game", DESIGN Â
 // generated from dllm_deploy/decode_options.json; checked by validate in options.hpp) + the schedule.
 struct DecodeOptions : DecodeOptionFields {
   Schedule schedule;  // spd lossy mode tau
+};
+
+// One row's decisions in one iteration of the decode loop (trace.cpp, runtime/trace.py).
+struct TraceRecord {
+  size_t row = 0, block = 0;
+  int64_t step = 0, forward = 0;
+  std::vector<std::pair<int64_t, int64_t>> commit;  // node 0's [position, id], ascending position
+  double margin = 0;                                // infinity: null
+  std::vector<double> drafts;                       // W > 1: nodes 1..W-1
+  int64_t accepted = -1;                            // -1: no verify forward followed
+  std::vector<double> checks;                       // W > 1, after a verify forward
+  bool tree = false;                                // W > 1: drafts and checks are written
+  std::string json() const;                         // one line, as Python's json.dumps
 };
 
 enum NodeKind { kChain = 0, kRunnerUp = 1, kConservative = 2, kAltPosition = 3 };
@@ -68,6 +82,13 @@ class Policy {
   int select(const int64_t* nodes, const int64_t* f_ids, const float* f_probs, int k, int64_t step,
              int64_t* steps);
 
+  // Decision traces (trace.cpp; = dllm_deploy/runtime/trace.py): after plan(state, ...) gave nodes,
+  // node 0's commit, its margin and each draft's margin into rec; after select(...) reached cur, the
+  // margin of each check it made on the way (into rec.checks).
+  void trace_plan(const int64_t* state, const float* top_probs, int k, int64_t step, const int64_t* nodes,
+                  TraceRecord& rec);
+  void trace_checks(const int64_t* nodes, const float* f_probs, int k, int64_t step, int cur, TraceRecord& rec);
+
  private:
   // out <- rule(state, ids, probs); returns how many positions it committed.
   void apply(const Rule& rule, const int64_t* state, const int64_t* ids, const float* probs, int64_t step,
@@ -78,6 +99,10 @@ class Policy {
   void take_positions(const Rule& rule, const int64_t* state, const float* probs, int n_masked, int64_t step,
                       double tau);
   double tau_now(int64_t step, const int64_t* state) const;
+  // The margin of `rule`'s decision on state given f = probs (L,K) at tau (a threshold rule's);
+  // conservative: the most confident position alone (a kConservative draft). Infinity: no mask.
+  double margin(const Rule& rule, const int64_t* state, const float* probs, int k, int64_t step, double tau,
+                bool conservative = false);
   bool has_mask(const int64_t* state) const;
   void check_progress(const int64_t* state, const int64_t* step0) const;  // throws when step0 commits nothing
 

@@ -221,12 +221,17 @@ class Runtime:
         return list(prompts), dcfg, rows if rows is not None else [row_options(**decode)] * len(prompts)
 
     def generate(self, prompts: str | list[str], rows: list[RowOptions] | None = None, on_chunk=None,
-                 config: DecodeConfig | None = None, **decode) -> list[RowResult]:
+                 config: DecodeConfig | None = None, trace=None, **decode) -> list[RowResult]:
         """One RowResult per prompt: the stream collected. ``rows``: one RowOptions per prompt (a
         server's per-request sampling and stopping), replacing the per-row values of the decode
         keywords; ``on_chunk``: called with every chunk as it comes (docs/streaming.md);
-        ``config``: a resolved DecodeConfig instead of decode keywords."""
-        return self.decoder.generate(*self._call(prompts, rows, decode, config), on_chunk=on_chunk)
+        ``config``: a resolved DecodeConfig instead of decode keywords; ``trace``: called with
+        each decision record and its margin (runtime/trace.py; masked-diffusion models)."""
+        if trace is None:
+            return self.decoder.generate(*self._call(prompts, rows, decode, config), on_chunk=on_chunk)
+        if self.kind != "masked":
+            raise UserError(f"a decision trace is for masked-diffusion models, not a {self.kind} one")
+        return self.decoder.generate(*self._call(prompts, rows, decode, config), on_chunk=on_chunk, trace=trace)
 
     def self_spec(self, prompts: str | list[str], strategy: str = "tree-spec", **options) -> list[dict]:
         """A self-speculative model's decode (runtime/self_spec.py; docs/self_speculation.md): one

@@ -42,6 +42,7 @@ from .prefix import PrefixState
 from .rows import RowOptions
 from .stream import RowText
 from .strategies import DecodeConfig, Policy
+from .trace import Tracer
 from .tree import node_depths
 
 
@@ -85,9 +86,12 @@ class _Run:
     is a generator: one report per forward, [(row, final ids)] for the live rows."""
 
     def __init__(self, backend, config, caps: Capabilities, encoded: list[list[int]], policy: Policy, mode: str,
-                 n_blocks: int, L: int, rows: list[RowOptions], join: Callable[[], list] | None = None):
+                 n_blocks: int, L: int, rows: list[RowOptions], join: Callable[[], list] | None = None,
+                 trace: Callable[[dict], None] | None = None):
         """``join``: called at every block boundary, the (prompt ids, RowOptions) of rows that join
-        the batch there (continuous batching; modes exact and delayed only, see ``joins``)."""
+        the batch there (continuous batching; modes exact and delayed only, see ``joins``).
+        ``trace``: called with each decision record (trace.py) once its iteration is over."""
+        self.tracer = Tracer(policy, trace) if trace else None
         self.backend, self.policy, self.mode, self.n_blocks, self.L = backend, policy, mode, n_blocks, L
         self.mask_id, self.eos_id, self.anchor = config.mask_token_id, config.eos_token_id, caps.shift_logits
         self.pad_id = config.pad_token_id
@@ -244,21 +248,28 @@ class _Run:
         while True:
             drafts = [policy.plan(block[r], *f[r], step[r]) for r in range(b)]
             nodes = np.stack([d[0] for d in drafts]) if b > 1 else drafts[0][0][None]   # (B,W,L)
+            rows = self.state.rows.tolist()
             for r in range(b):
                 if not done[r]:
+                    if self.tracer:
+                        self.tracer.plan(r, rows[r], k, step[r], self.stats[rows[r]]["forwards"], block[r], *f[r],
+                                         nodes[r], drafts[r][1])
                     block[r] = nodes[r, 0]
                     done[r] = block_status(block[r], self.mask_id, self.eos_id)[0]
             yield self.report(block)
-            rows = self.state.rows.tolist()
             if self.stopped:
                 done = [d or row in self.stopped for d, row in zip(done, rows)]
             need = [r for r in range(b) if not done[r]]
             if not need:
                 self.state.drop_held()                                              # mode delayed's, if any
+                if self.tracer:
+                    self.tracer.flush()
                 return
             v_ids, v_probs = self._verify(k, nodes, self._serves(step, drafts), cached)   # (B,W,L,K)
             for r in need:
                 cur, steps = policy.select(nodes[r], drafts[r][1], v_ids[r], v_probs[r], step[r])
+                if self.tracer:
+                    self.tracer.select(r, nodes[r], drafts[r][1], v_ids[r], v_probs[r], step[r], cur, steps)
                 st = self.stats[rows[r]]
                 st["forwards"] += 1
                 st["accepted_hist"][steps] = st["accepted_hist"].get(steps, 0) + 1
@@ -267,6 +278,8 @@ class _Run:
                 if cur:                                   # node 0 is the block already
                     block[r] = nodes[r, cur]
                     done[r] = block_status(block[r], self.mask_id, self.eos_id)[0]
+            if self.tracer:
+                self.tracer.flush()
 
     def _serves(self, step: list[int], drafts: list) -> np.ndarray | None:
         """(B,W) the base-rule step each drafted node serves (its sampling noise); None when no
@@ -334,7 +347,7 @@ class Decoder:
         self.check_sampling(rows)
         return rows
 
-    def _prepare(self, prompts: list[str], dcfg: DecodeConfig, rows: list[RowOptions] | None, join=None):
+    def _prepare(self, prompts: list[str], dcfg: DecodeConfig, rows: list[RowOptions] | None, join=None, trace=None):
         """(the run, its policy, the W requested): every check before a forward."""
         c = self.config
         if not prompts:
@@ -353,7 +366,7 @@ class Decoder:
         n_blocks = -(-dcfg.gen_length // L)
         encoded = [self._encode(p, n_blocks * L) for p in prompts]
         join = None if join is None else self._joiner(join, dcfg, n_blocks * L)
-        return _Run(self.backend, c, self.caps, encoded, policy, mode, n_blocks, L, rows, join), policy, requested
+        return _Run(self.backend, c, self.caps, encoded, policy, mode, n_blocks, L, rows, join, trace), policy, requested
 
     def _encode(self, prompt: str, span: int) -> list[int]:
         ids = self.tok.encode(prompt)
@@ -375,7 +388,8 @@ class Decoder:
         return take
 
     def stream(self, prompts: list[str], dcfg: DecodeConfig, rows: list[RowOptions] | None = None,
-               join: Callable[[], list] | None = None, cancel: Callable[[], list] | None = None) -> Iterator[dict]:
+               join: Callable[[], list] | None = None, cancel: Callable[[], list] | None = None,
+               trace: Callable[[dict], None] | None = None) -> Iterator[dict]:
         """The chunks of docs/streaming.md as the rows' text becomes final; the generator returns
         (StopIteration.value) one dict per row of what chunks do not carry. Every check runs
         here, before the generator starts; closing it cancels the call. ``join`` (continuous
@@ -384,8 +398,8 @@ class Decoder:
         ``cancel``: called after every forward, the rows to end now (a client gone, a deadline
         passed): each gets a last chunk with finish_reason "cancelled" and stops at once; it leaves
         the batch at the end of its block (rows stay in lockstep), and a batch whose rows have all
-        ended makes no further forward."""
-        return self._chunks(*self._prepare(prompts, dcfg, rows, join), cancel=cancel)
+        ended makes no further forward. ``trace``: called with each decision record (runtime/trace.py)."""
+        return self._chunks(*self._prepare(prompts, dcfg, rows, join, trace), cancel=cancel)
 
     def _row_text(self):
         """A row's text for RowText: the tokenizer's incremental one if it has one, else its decode."""
@@ -422,10 +436,11 @@ class Decoder:
                 for st, t, ttft, t0 in zip(run.stats, texts, first, run.started)]
 
     def generate(self, prompts: list[str], dcfg: DecodeConfig, rows: list[RowOptions] | None = None,
-                 on_chunk: Callable[[dict], None] | None = None) -> list[RowResult]:
+                 on_chunk: Callable[[dict], None] | None = None,
+                 trace: Callable[[dict], None] | None = None) -> list[RowResult]:
         """The stream collected: each row's text and token ids are its chunks' concatenated
-        (``on_chunk`` sees every chunk as it comes)."""
-        return collect(self.stream(prompts, dcfg, rows), len(prompts), on_chunk)
+        (``on_chunk`` sees every chunk as it comes; ``trace`` every decision record, trace.py)."""
+        return collect(self.stream(prompts, dcfg, rows, trace=trace), len(prompts), on_chunk)
 
 
 def collect(chunks: Iterator[dict], n: int, on_chunk: Callable[[dict], None] | None = None) -> list[RowResult]:

@@ -43,8 +43,9 @@ extern "C" {
  * 5: batches (dllm_generate_batch): several prompts decoded together, one result each; a chunk's
  *    index is its prompt's position in the call.
  * 6: uniform-noise diffusion models (DiffusionGemma: dllm_uniform_generate); dllm_runtime_create
- *    loads their artifacts. */
-#define DLLM_ABI_VERSION 6
+ *    loads their artifacts.
+ * 7: decision traces (dllm_runtime_set_trace). */
+#define DLLM_ABI_VERSION 7
 
 /* dllm_decode_config.steps when no LLaDA step count is given (vanilla commits tokens_per_step per
  * step). Any other value below 1 is refused with an error that names `steps`. */
@@ -214,6 +215,17 @@ DLLM_API dllm_error* dllm_generate_stream(dllm_runtime* rt, const char* prompt, 
 DLLM_API dllm_error* dllm_generate_batch(dllm_runtime* rt, const char* const* prompts, size_t n,
                                          const dllm_options* opts, dllm_chunk_callback on_chunk, void* user_data,
                                          dllm_result** out);
+
+/* ---- decision traces ----------------------------------------------------------------------
+ * With a trace callback set, every masked-diffusion decode on rt (dllm_runtime_generate*,
+ * dllm_generate_stream, dllm_generate_batch) calls on_record once per row and iteration of the decode
+ * loop, on the calling thread, with one JSON object (json_size bytes, NUL-terminated; valid during
+ * the call): the row's step, node 0's commit and the margin of each decision (how far its
+ * probabilities were from deciding otherwise), as Python's generate --trace writes them
+ * (dllm_deploy/runtime/trace.py; docs/cpp.md "What 'the same model' means"). NULL turns it off.
+ * Self-speculative and uniform-diffusion decodes do not trace. */
+typedef void (*dllm_trace_callback)(const char* json, size_t json_size, void* user_data);
+DLLM_API void dllm_runtime_set_trace(dllm_runtime* rt, dllm_trace_callback on_record, void* user_data);
 
 /* ---- self-speculative models --------------------------------------------------------------
  * A model whose artifact records attention "causal" (Nemotron-Labs-Diffusion) drafts a block by

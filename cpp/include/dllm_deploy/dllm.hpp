@@ -290,6 +290,23 @@ class Runtime {
     });
   }
 
+  // Each decision record of the masked decodes that follow, one JSON object (dllm_runtime_set_trace;
+  // docs/cpp.md); an empty function turns tracing off. An exception it throws is dropped.
+  void set_trace(std::function<void(const std::string& json)> on_record) {
+    if (!on_record) {
+      dllm_runtime_set_trace(h_.get(), nullptr, nullptr);
+      trace_.reset();
+      return;
+    }
+    trace_ = std::make_unique<std::function<void(const std::string&)>>(std::move(on_record));
+    dllm_runtime_set_trace(h_.get(), [](const char* json, size_t size, void* data) {
+      try {
+        (*static_cast<std::function<void(const std::string&)>*>(data))(std::string(json, size));
+      } catch (...) {
+      }
+    }, trace_.get());
+  }
+
   int max_seq() const { return dllm_runtime_max_seq(h_.get()); }
   int max_beam_width() const { return dllm_runtime_max_beam_width(h_.get()); }
   dllm_runtime* get() noexcept { return h_.get(); }
@@ -327,6 +344,7 @@ class Runtime {
   }
 
   std::unique_ptr<dllm_runtime, detail::RuntimeDeleter> h_;
+  std::unique_ptr<std::function<void(const std::string&)>> trace_;  // set_trace's, behind the C callback
 };
 
 inline std::string version() { return dllm_version(); }
