@@ -95,7 +95,7 @@ def test_generate_matches_x86_token_for_token(arm_build, cpp_build, tiny_artifac
     want, got = json.loads(x86.stdout), json.loads(arm.stdout)
     assert got["token_ids"] == want["token_ids"] and want["tokens"] > 4 and got["text"] == want["text"]
     traces = [[json.loads(line) for line in (tmp_path / f"{w}.jsonl").read_text().splitlines()] for w in ("x86", "arm")]
-    assert len(traces[0]) >= 4
+    assert traces[0] and traces[1]
     diff = first_difference(*traces)
     if diff is not None:
         assert max(diff["margin_a"], diff["margin_b"]) < 1e-3, diff
