@@ -15,8 +15,8 @@ $(STAMP): pyproject.toml constraints-cpu.txt
 demo: $(STAMP)
 	$(VENV)/bin/dllm-deploy demo
 
-# get_cross_tools.sh: the aarch64 cross compiler and qemu-user from Debian, where missing and root
-# (tests/cpp/test_aarch64.py skips without them); lint-imports: the module layers of
+# get_cross_tools.sh: the aarch64 cross compiler, qemu-user and the arm64 libpython from Debian, where
+# missing and root (tests/cpp/test_aarch64.py skips without them); lint-imports: the module layers of
 # docs/architecture.md ([tool.importlinter] in pyproject.toml)
 test: $(STAMP) cpp
 	bash cpp/scripts/get_cross_tools.sh

@@ -5,7 +5,8 @@
 #                                  build against 106 s at -O1 -g on 2 cores, with line numbers in reports)
 #   cpp/scripts/build.sh aarch64   -> build/cpp-aarch64 (Release, cross-compiled for 64-bit Arm Linux with
 #                                  Debian's g++-aarch64-linux-gnu against PyPI's aarch64 ONNX Runtime:
-#                                  libdllm_deploy.so, dllm-generate, dllm-graph-run; docs/cpp.md)
+#                                  libdllm_deploy.so, dllm-generate, dllm-graph-run, dllm-tokenize, and
+#                                  onnxruntime-extensions' aarch64 libortextensions.so; docs/cpp.md)
 #   cpp/scripts/build.sh KIND TARGET...  only those targets (the sanitizer tests build two)
 # ONNX Runtime comes from $ONNXRUNTIME_ROOT, else get_onnxruntime.sh provides build/onnxruntime;
 # nlohmann-json from $NLOHMANN_JSON_ROOT, else get_nlohmann_json.sh provides build/nlohmann_json.
@@ -24,8 +25,11 @@ case "$kind" in
     command -v aarch64-linux-gnu-g++ >/dev/null ||
       { echo "build.sh aarch64: no aarch64-linux-gnu-g++ (Debian: apt-get install g++-aarch64-linux-gnu)" >&2; exit 2; }
     dir="$repo/build/cpp-aarch64"
-    flags=(-DCMAKE_BUILD_TYPE=Release -DDLLM_ASAN=OFF -DCMAKE_TOOLCHAIN_FILE="$repo/cpp/cmake/aarch64-linux-gnu.cmake")
-    [ ${#targets[@]} -gt 0 ] || targets=(--target dllm_deploy --target dllm-generate --target dllm-graph-run) ;;
+    # the tokenizer library from the venv Python's wheel wants that Python's libpython on the board
+    pylib="$("${PYTHON:-$repo/.venv/bin/python}" -c 'import sys; print(f"libpython{sys.version_info[0]}.{sys.version_info[1]}.so.1.0")')"
+    flags=(-DCMAKE_BUILD_TYPE=Release -DDLLM_ASAN=OFF -DCMAKE_TOOLCHAIN_FILE="$repo/cpp/cmake/aarch64-linux-gnu.cmake"
+           -DDLLM_TARGET_PYTHON_LIBRARY="$pylib")
+    [ ${#targets[@]} -gt 0 ] || targets=(--target dllm_deploy --target dllm-generate --target dllm-graph-run --target dllm-tokenize) ;;
   *) echo "usage: $0 [release|asan|aarch64]" >&2; exit 2 ;;
 esac
 
@@ -37,3 +41,8 @@ fi
 json="$(bash "$here/get_nlohmann_json.sh" | tail -n 1)"
 cmake -S "$repo/cpp" -B "$dir" -DONNXRUNTIME_ROOT="$ort" -DNLOHMANN_JSON_ROOT="$json" "${flags[@]}" >/dev/null
 nice -n 5 cmake --build "$dir" -j "${JOBS:-2}" "${targets[@]}"
+# the aarch64 tokenizer library beside libdllm_deploy.so, where the runtime looks first (a copy: the
+# folder is what goes to the board)
+if [ "$kind" = aarch64 ] && [ -e "$ort/lib/libortextensions.so" ] && ! cmp -s "$ort/lib/libortextensions.so" "$dir/libortextensions.so"; then
+  cp "$ort/lib/libortextensions.so" "$dir/libortextensions.so"
+fi

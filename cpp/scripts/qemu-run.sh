@@ -9,7 +9,10 @@
 # ONNX Runtime's CPU detection reads /proc/cpuinfo, which under qemu 7.2 is the host's x86 file, and
 # crashes on it: the program runs in a private mount namespace (unshare -m; root) where
 # /proc/cpuinfo is the emulated core's. The target's libraries come from Debian's cross sysroot
-# (/usr/aarch64-linux-gnu), ONNX Runtime from build/onnxruntime-aarch64.
+# (/usr/aarch64-linux-gnu), ONNX Runtime from build/onnxruntime-aarch64. The sysroot's lib folder
+# comes first in the library path: with Debian multiarch arm64 packages installed (the arm64
+# libpython the Hugging Face tokenizer library needs), the host's loader cache names their libc,
+# which the sysroot's loader hangs on.
 set -euo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -33,6 +36,6 @@ for p in $(seq 0 $(($(nproc) - 1))); do
   printf 'processor\t: %d\nBogoMIPS\t: 50.00\nFeatures\t: %s\nCPU implementer\t: 0x41\nCPU architecture: 8\nCPU variant\t: %s\nCPU part\t: %s\nCPU revision\t: 1\n\n' \
     "$p" "$features" "$variant" "$part" >> "$cpuinfo"
 done
-libs="$repo/build/cpp-aarch64:$repo/build/onnxruntime-aarch64/lib"
+libs="$repo/build/cpp-aarch64:$repo/build/onnxruntime-aarch64/lib:$sysroot/lib"
 unshare -m sh -c 'mount --bind "$1" /proc/cpuinfo && shift && exec "$@"' sh "$cpuinfo" \
   qemu-aarch64 -cpu "$cpu" -L "$sysroot" -E "LD_LIBRARY_PATH=$libs" "$@"

@@ -18,6 +18,7 @@ import pytest
 
 from .conftest import BUILD_SCRIPT, REPO
 from .test_graph_run import _inputs
+from .test_tokenizer_cpp import hf_artifact  # noqa: F401  (the fixture: a trained BPE beside a random checkpoint)
 
 QEMU_RUN = REPO / "cpp" / "scripts" / "qemu-run.sh"
 PROMPTS = ["upper: air war\n"]
@@ -101,3 +102,31 @@ def test_generate_matches_x86_token_for_token(arm_build, cpp_build, tiny_artifac
         assert max(diff["margin_a"], diff["margin_b"]) < 1e-3, diff
     if "spd" not in options:
         assert got["forwards"] == want["forwards"]
+
+
+def test_hf_tokenizer_matches_x86(arm_build, cpp_build, hf_artifact):
+    """A Hugging Face tokenizer on arm64: the aarch64 onnxruntime-extensions library of its wheel
+    (beside the cross-built library) gives the x86-64 build's ids and text on every eval prompt and
+    a fuzzed set, and a short generate the same tokens. It is a Python extension module: it needs
+    the arm64 libpython of the venv's Python (Debian multiarch; get_cross_tools.sh installs it)."""
+    import random
+    from tests.fuzz_corpus import fuzz_texts
+    from dllm_deploy.evals.tasks import eval_split
+    libpython = f"/usr/lib/aarch64-linux-gnu/libpython{sys.version_info[0]}.{sys.version_info[1]}.so.1.0"
+    if not (arm_build / "libortextensions.so").exists() or not os.path.exists(libpython):
+        pytest.skip(f"no aarch64 tokenizer library or no {libpython} (Debian: dpkg --add-architecture arm64; "
+                    f"apt-get install libpython{sys.version_info[0]}.{sys.version_info[1]}:arm64)")
+    folder, _ = hf_artifact
+    texts = [ex.prompt for ex in eval_split()] + fuzz_texts(random.Random(0), 100)
+    lines = "".join(json.dumps(t) + "\n" for t in texts)
+    x86 = subprocess.run([str(cpp_build / "dllm-tokenize"), str(folder)], input=lines, capture_output=True, text=True,
+                         timeout=120)
+    arm = subprocess.run(["bash", str(QEMU_RUN), str(arm_build / "dllm-tokenize"), str(folder)], input=lines,
+                         capture_output=True, text=True, timeout=300)
+    assert x86.returncode == 0 and arm.returncode == 0, x86.stderr + arm.stderr
+    assert len(x86.stdout.splitlines()) == len(texts) and arm.stdout == x86.stdout
+    args = ["--artifact", str(folder), "--prompt", "upper: hello world", "--gen-length", "8", "--json"]
+    x86 = subprocess.run([str(cpp_build / "dllm-generate"), *args], capture_output=True, text=True, timeout=120)
+    arm = _emulated(arm_build, "dllm-generate", *args)
+    assert x86.returncode == 0 and arm.returncode == 0, x86.stderr + arm.stderr
+    assert json.loads(arm.stdout)["token_ids"] == json.loads(x86.stdout)["token_ids"]
