@@ -122,3 +122,24 @@ def test_a_decode_is_retold_by_its_trace(tiny_artifact):
         for a, b in zip(mine, mine[1:]):                 # within a block, steps advance by what was accepted
             if a["block"] == b["block"]:
                 assert b["step"] == a["step"] + a["accepted"]
+
+
+def test_trace_diff_tells_where_two_decodes_part(tiny_artifact, tmp_path, capsys):
+    """generate --trace writes the records; trace-diff finds the first different decision (here an
+    edited acceptance) with both sides' margins, and refuses what is not a trace in one line."""
+    from dllm_deploy.cli import main
+    a, b = tmp_path / "a.jsonl", tmp_path / "b.jsonl"
+    assert main(["generate", "--artifact", str(tiny_artifact[0]), "--prompt", "upper: dog", "--gen-length", "32",
+                 "--strategy", "spd", "--beam-width", "2", "--trace", str(a)]) == 0
+    recs = [json.loads(line) for line in a.read_text().splitlines()]
+    assert f"trace: {len(recs)} decision records in {a}" in capsys.readouterr().err
+    assert main(["trace-diff", str(a), str(a), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out) == {"same": True, "records": len(recs), "margin_drift": 0.0}
+    recs[1]["accepted"] += 1
+    b.write_text("".join(json.dumps(r) + "\n" for r in recs))
+    assert main(["trace-diff", str(a), str(b)]) == 1
+    out = capsys.readouterr().out
+    assert out.startswith("first different decision: record 1 (row 0, block 0, step") and "narrowest margin" in out
+    b.write_text("not json\n")
+    assert main(["trace-diff", str(a), str(b)]) == 2
+    assert capsys.readouterr().err.strip() == f"dllm-deploy: error: {b}:1: not a trace record (not JSON)"
