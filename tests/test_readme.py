@@ -84,3 +84,38 @@ def test_readme_python_block(workdir):
                        cwd=workdir)
     assert r.returncode == 0, r.stderr[-2000:]
     assert r.stdout.startswith(expect), r.stdout
+
+
+def _layout() -> dict[str, str]:
+    """The README's Layout block: folder -> the text beside it (continuation lines joined)."""
+    block = README.split("## Layout\n\n```\n", 1)[1].split("```", 1)[0]
+    out: dict[str, str] = {}
+    for line in block.splitlines():
+        if line[:1].strip():
+            folder, _, text = line.partition(" ")
+            out[folder], last = text.strip(), folder
+        else:
+            out[last] += " " + line.strip()
+    return out
+
+
+def test_the_layout_section_names_the_tree():
+    """Every folder the Layout names exists; for the package and cpp/, the names listed are its
+    Python modules and folders, no more and no fewer (data files listed must exist)."""
+    layout = _layout()
+    for folder, text in layout.items():
+        path = REPO / folder
+        assert path.is_dir(), folder
+        if not folder.startswith(("dllm_deploy/", "cpp/")):
+            continue
+        names = {n.strip() for n in text.split(": ", 1)[-1].split(",")}
+        missing = sorted(n for n in names if not ((path / n.rstrip("/")).exists() or (path / f"{n}.py").exists()))
+        assert missing == [], (folder, missing)
+        have = {p.name + "/" for p in path.iterdir()                # a folder with its own entry counts as named
+                if p.is_dir() and p.name != "__pycache__" and f"{folder}{p.name}/" not in layout}
+        if folder.startswith("dllm_deploy/"):
+            have |= {p.stem for p in path.glob("*.py") if p.name != "__init__.py"}
+        assert have <= names, (folder, sorted(have - names))
+    package = {str(p.relative_to(REPO)) + "/" for p in (REPO / "dllm_deploy").rglob("*")
+               if p.is_dir() and p.name != "__pycache__" and any(p.glob("*.py"))}
+    assert package <= set(layout), sorted(package - set(layout))
