@@ -520,11 +520,15 @@ def cmd_report(a) -> int:
     res["targets"] = targets(res)
     paths = report.plots(res, a.plots, other=other, other_label=a.compare_label) if a.plots else []
     load = report.load_test(a.load_test) if a.load_test else None
+    peers = report.load_peers(a.peers) if a.peers else None
+    peers_plot = report.peers_plot(peers, a.plots) if peers and a.plots else None
     text = report.markdown(res, paths, a.out, source=a.bench_json, load=load, load_source=a.load_test,
-                           other=other, other_source=a.compare, other_label=a.compare_label)
+                           other=other, other_source=a.compare, other_label=a.compare_label,
+                           peers=peers, peers_plot_path=peers_plot)
+    n_plots = len(paths) + (peers_plot is not None)
     if a.out:
         _write_file(Path(a.out), text)
-        print(f"wrote {a.out}" + (f" and {len(paths)} plots in {a.plots}" if paths else ""), file=sys.stderr)
+        print(f"wrote {a.out}" + (f" and {n_plots} plots in {a.plots}" if n_plots else ""), file=sys.stderr)
     else:
         sys.stdout.write(text)
     return 0
@@ -918,6 +922,8 @@ def build_parser() -> argparse.ArgumentParser:
     rp.add_argument("--compare", default=None, metavar="JSON",
                     help="another bench run (e.g. of a distilled model): its Pareto front and equal-quality figures beside these")
     rp.add_argument("--compare-label", default="other run", help="what to call the --compare run in the doc and plot")
+    rp.add_argument("--peers", nargs="+", default=None, metavar="JSON",
+                    help="peer runs (benchmarks/peers/*.json): a Peers table, and with --plots a tokens/s plot")
     rp.add_argument("--load-test", default=None, metavar="JSON",
                     help="add the serving load table from benchmarks/load_table.py's JSON (benchmarks/load-ab.json)")
     rp.set_defaults(func=cmd_report)

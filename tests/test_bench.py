@@ -142,6 +142,30 @@ def test_report_adds_the_serving_load_table(tmp_path):
     assert main(["report", str(root / "benchmarks" / "bench.json"), "--load-test", str(tmp_path / "bad.json")]) == 2
 
 
+def test_report_adds_the_peers_table_and_plot(tmp_path, capsys):
+    """--peers: each committed peer run's engines with their ratios to the run's first engine,
+    computed from the peer JSON, and a tokens/s plot linked from the doc; a bad file: one line."""
+    root = Path(__file__).resolve().parents[1]
+    peers = sorted((root / "benchmarks" / "peers").glob("*.json"))
+    doc = tmp_path / "docs" / "B.md"
+    assert main(["report", str(root / "benchmarks" / "bench.json"), "--out", str(doc), "--plots", str(tmp_path / "plots"),
+                 "--peers", *map(str, peers)]) == 0
+    text = doc.read_text()
+    assert "## Peers" in text and "](../plots/peers.png)" in text and (tmp_path / "plots" / "peers.png").stat().st_size
+    for path in peers:
+        rows = json.loads(path.read_text())["rows"]
+        for r in rows:
+            assert (f"| {r['engine']} | {r['forwards']} | {r['ms_per_forward']:.1f} | {r['tokens_per_s']:.2f} "
+                    f"| {rows[0]['ms_per_forward'] / r['ms_per_forward']:.2f}x "
+                    f"| {r['tokens_per_s'] / rows[0]['tokens_per_s']:.2f}x |") in text
+    capsys.readouterr()
+    (tmp_path / "bad.json").write_text('{"rows": [{"engine": "x"}]}')
+    assert main(["report", str(root / "benchmarks" / "bench.json"), "--peers", str(tmp_path / "bad.json")]) == 2
+    assert capsys.readouterr().err.strip().splitlines() == [
+        f"dllm-deploy: error: {tmp_path / 'bad.json'}: not a peers result (rows of engine, forwards, ms_per_forward, "
+        "tokens_per_s; run benchmarks/peers/llama_cpp.sh)"]
+
+
 def test_report_shows_equal_quality_of_both_runs(tmp_path):
     """--compare: the other run's equal-quality picks beside this run's, recomputed from its runs."""
     root = Path(__file__).resolve().parents[1]
