@@ -112,7 +112,8 @@ def cmd_generate(a) -> int:
                           on_chunk=_print_chunk(a.json) if a.stream else None,
                           trace=records.append if a.trace else None)
     if a.trace:
-        _write_trace(Path(a.trace), records)
+        _write_file(Path(a.trace), "".join(json.dumps(r) + "\n" for r in records))
+        print(f"trace: {len(records)} decision records in {a.trace}", file=sys.stderr)
     if a.json:
         payload = results[0].to_dict() if len(results) == 1 else {"results": [r.to_dict() for r in results]}
         print(json.dumps(payload))
@@ -122,18 +123,6 @@ def cmd_generate(a) -> int:
             print(f"[{r.tokens} tokens, {r.forwards} forwards, TPF {r.tpf:.2f}, {r.tokens_per_s:.1f} tok/s, "
                   f"beam_width {r.beam_width_used}, backend {rt.backend.name}, {r.finish_reason}]", file=sys.stderr)
     return 0
-
-
-def _write_trace(path: Path, records: list[dict]) -> None:
-    """The decision records as JSON lines (runtime/trace.py), written whole, then renamed into place."""
-    tmp = path.with_name(f".{path.name}.tmp")
-    try:
-        tmp.write_text("".join(json.dumps(r) + "\n" for r in records))
-        tmp.replace(path)
-    except OSError as e:
-        tmp.unlink(missing_ok=True)
-        raise UserError(f"--trace: cannot write {path} ({e.strerror})") from None
-    print(f"trace: {len(records)} decision records in {path}", file=sys.stderr)
 
 
 def _read_trace(path: str) -> list[dict]:

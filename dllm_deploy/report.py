@@ -37,15 +37,21 @@ def _family(r: dict) -> str:
         (f" tau{r['threshold']}" if r["select"] == "threshold" or r["base"] == "threshold" else "")
 
 
-def plots(res: dict, out_dir: str | Path, other: dict | None = None, other_label: str = "other run") -> list[Path]:
-    """Write the five PNGs; returns their paths. ``other``: another run (``other_label``) whose
-    Pareto front the Pareto plot shows too."""
+def _pyplot():
+    """matplotlib.pyplot on the Agg backend, or a one-line UserError naming the extra."""
     try:
         import matplotlib
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
         raise UserError("plots need matplotlib (pip install 'dllm-deploy[dev]')") from None
+    return plt
+
+
+def plots(res: dict, out_dir: str | Path, other: dict | None = None, other_label: str = "other run") -> list[Path]:
+    """Write the five PNGs; returns their paths. ``other``: another run (``other_label``) whose
+    Pareto front the Pareto plot shows too."""
+    plt = _pyplot()
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     runs, written = res["runs"], []
@@ -212,12 +218,7 @@ def _peers_setup(d: dict) -> str:
 
 def peers_plot(peers: list[tuple[str, dict]], out_dir: str | Path) -> Path:
     """tokens/s of each engine in each peer run, log scale: one PNG."""
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        raise UserError("plots need matplotlib (pip install 'dllm-deploy[dev]')") from None
+    plt = _pyplot()
     labels, values = [], []
     for source, d in peers:
         for r in d["rows"]:

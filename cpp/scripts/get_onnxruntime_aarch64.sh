@@ -20,52 +20,48 @@ die() { echo "get_onnxruntime_aarch64: $*" >&2; exit 2; }
 host="$(OUT= bash "$here/get_onnxruntime.sh" | tail -n 1)"
 mkdir -p "$out/lib"
 ln -sfn "$host/include" "$out/include"
-if [ ! -e "$out/lib/libonnxruntime.so" ]; then
-  version="$("$python" -c 'import onnxruntime; print(onnxruntime.__version__)' 2>/dev/null)" \
-    || die "the onnxruntime wheel is not installed in $python"
-  tmp="$(mktemp -d)"
-  trap 'rm -rf "$tmp"' EXIT
-  "$python" -m pip download --quiet --no-deps --only-binary=:all: --implementation cp --python-version 3.11 \
+pyver="$("$python" -c 'import sys; print(f"{sys.version_info[0]}.{sys.version_info[1]}")')"
+tmp="$(mktemp -d)"
+trap 'rm -rf "$tmp"' EXIT
+
+# aarch64_wheel PACKAGE==VERSION: its aarch64 wheel for the venv's Python into $tmp (nothing installed)
+aarch64_wheel() {
+  "$python" -m pip download --quiet --no-deps --only-binary=:all: --implementation cp --python-version "$pyver" \
     --platform manylinux_2_28_aarch64 --platform manylinux_2_27_aarch64 --platform manylinux2014_aarch64 \
-    "onnxruntime==$version" -d "$tmp" >&2 || die "no aarch64 wheel of onnxruntime $version on the package index"
-  "$python" - "$tmp"/onnxruntime-*.whl "$out/lib" <<'PY'
+    "$1" -d "$tmp" >&2
+}
+
+# extract WHEEL PREFIX DEST: the wheel's first file whose name starts with PREFIX, written whole to DEST
+extract() {
+  "$python" - "$@" <<'PY'
 import os, sys, zipfile
-wheel, dest = sys.argv[1], sys.argv[2]
+wheel, prefix, dest = sys.argv[1:4]
 with zipfile.ZipFile(wheel) as z:
-    names = [n for n in z.namelist() if os.path.basename(n).startswith("libonnxruntime.so.")]
+    names = [n for n in z.namelist() if os.path.basename(n).startswith(prefix) and ".so" in os.path.basename(n)]
     if not names:
-        sys.exit(f"{wheel}: no libonnxruntime.so.*")
-    name = os.path.basename(names[0])                   # libonnxruntime.so.1.32.0
-    with z.open(names[0]) as src, open(os.path.join(dest, name + ".part"), "wb") as dst:
-        dst.write(src.read())
-    os.replace(os.path.join(dest, name + ".part"), os.path.join(dest, name))
-    major = name[len("libonnxruntime.so."):].split(".")[0]
-    for link in (f"libonnxruntime.so.{major}", "libonnxruntime.so"):
-        if os.path.lexists(os.path.join(dest, link)):
-            os.remove(os.path.join(dest, link))
-        os.symlink(name, os.path.join(dest, link))
-PY
-fi
-# onnxruntime-extensions: the same wheel platforms, the venv's Python
-if [ ! -e "$out/lib/libortextensions.so" ] &&
-   ext="$("$python" -c 'import onnxruntime_extensions as m; print(m.__version__)' 2>/dev/null)"; then
-  pyver="$("$python" -c 'import sys; print(f"{sys.version_info[0]}.{sys.version_info[1]}")')"
-  tmp2="$(mktemp -d)"
-  trap 'rm -rf "${tmp:-}" "$tmp2"' EXIT
-  if "$python" -m pip download --quiet --no-deps --only-binary=:all: --implementation cp --python-version "$pyver" \
-      --platform manylinux_2_28_aarch64 --platform manylinux_2_27_aarch64 --platform manylinux2014_aarch64 \
-      "onnxruntime-extensions==$ext" -d "$tmp2" >&2; then
-    "$python" - "$tmp2"/onnxruntime_extensions-*.whl "$out/lib/libortextensions.so" <<'PY'
-import os, sys, zipfile
-wheel, dest = sys.argv[1], sys.argv[2]
-with zipfile.ZipFile(wheel) as z:
-    names = [n for n in z.namelist() if os.path.basename(n).startswith("_extensions_pydll") and n.endswith(".so")]
-    if not names:
-        sys.exit(f"{wheel}: no _extensions_pydll*.so")
+        sys.exit(f"{wheel}: no {prefix}*")
     with z.open(names[0]) as src, open(dest + ".part", "wb") as dst:
         dst.write(src.read())
     os.replace(dest + ".part", dest)
+    print(os.path.basename(names[0]))
 PY
+}
+
+if [ ! -e "$out/lib/libonnxruntime.so" ]; then
+  version="$("$python" -c 'import onnxruntime; print(onnxruntime.__version__)' 2>/dev/null)" \
+    || die "the onnxruntime wheel is not installed in $python"
+  aarch64_wheel "onnxruntime==$version" || die "no aarch64 wheel of onnxruntime $version on the package index"
+  name="$(extract "$tmp"/onnxruntime-*.whl libonnxruntime.so. "$out/lib/.libonnxruntime.new")"    # libonnxruntime.so.1.32.0
+  mv "$out/lib/.libonnxruntime.new" "$out/lib/$name"
+  major="${name#libonnxruntime.so.}"
+  ln -sfn "$name" "$out/lib/libonnxruntime.so.${major%%.*}"
+  ln -sfn "$name" "$out/lib/libonnxruntime.so"
+fi
+# onnxruntime-extensions, when the venv has it
+if [ ! -e "$out/lib/libortextensions.so" ] &&
+   ext="$("$python" -c 'import onnxruntime_extensions as m; print(m.__version__)' 2>/dev/null)"; then
+  if aarch64_wheel "onnxruntime-extensions==$ext"; then
+    extract "$tmp"/onnxruntime_extensions-*.whl _extensions_pydll "$out/lib/libortextensions.so" >/dev/null
   else
     echo "get_onnxruntime_aarch64: no aarch64 wheel of onnxruntime-extensions $ext: Hugging Face tokenizers need DLLM_ORTX_LIBRARY on the board" >&2
   fi

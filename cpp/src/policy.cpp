@@ -122,32 +122,35 @@ void Policy::take_positions(const Rule& rule, const int64_t* state, const float*
     take_.assign(ranked_.begin(), ranked_.begin() + n);
     return;
   }
-  const float t = static_cast<float>(tau);
-  int lead_pos = -1;  // the leftmost masked position, whose bar is min(lead, tau) (rules.Threshold.lead)
-  float lead_bar = t;
-  if (rule.lead) {
-    for (int pos = 0; pos < L_ && lead_pos < 0; ++pos)
-      if (state[pos] == mask_) lead_pos = pos;
-    lead_bar = static_cast<float>(std::min(*rule.lead, tau));
-  }
-  auto bar = [&](int pos) { return pos == lead_pos ? lead_bar : t; };
-  if (!rule.far) {
+  const Bars bar = bars(rule, state, tau);
+  if (!bar.has_far) {
     for (int r = 0; r < n_masked; ++r)
-      if (probs[ranked_[r]] >= bar(ranked_[r])) take_.push_back(ranked_[r]);
+      if (probs[ranked_[r]] >= bar.at(ranked_[r])) take_.push_back(ranked_[r]);
   } else {
     int gap = L_;  // the first masked position below its bar
     for (int pos = 0; pos < L_; ++pos)
-      if (state[pos] == mask_ && probs[pos] < bar(pos)) {
+      if (state[pos] == mask_ && probs[pos] < bar.at(pos)) {
         gap = pos;
         break;
       }
-    const float f = static_cast<float>(std::max(*rule.far, tau));
     for (int r = 0; r < n_masked; ++r) {
       const int pos = ranked_[r];
-      if ((pos < gap && probs[pos] >= bar(pos)) || probs[pos] >= f) take_.push_back(pos);
+      if ((pos < gap && probs[pos] >= bar.at(pos)) || probs[pos] >= bar.far) take_.push_back(pos);
     }
   }
   if (take_.empty()) take_.push_back(ranked_[0]);
+}
+
+Bars Policy::bars(const Rule& rule, const int64_t* state, double tau) const {
+  Bars b;
+  b.tau = b.lead = static_cast<float>(tau);
+  if (rule.lead) {
+    for (int pos = 0; pos < L_ && b.lead_pos < 0; ++pos)
+      if (state[pos] == mask_) b.lead_pos = pos;
+    b.lead = static_cast<float>(std::min(*rule.lead, tau));
+  }
+  if (rule.far) b.has_far = true, b.far = static_cast<float>(std::max(*rule.far, tau));
+  return b;
 }
 
 void Policy::apply(const Rule& rule, const int64_t* state, const int64_t* ids, const float* probs, int64_t step,

@@ -69,6 +69,15 @@ struct Rule {
   int64_t count(int64_t block_len, int64_t step) const;
 };
 
+// A threshold rule's bars at tau (rules.Threshold.bars): tau, the leftmost masked position's
+// min(lead, tau), and the far bar; float32, as the probabilities they are compared with.
+struct Bars {
+  int lead_pos = -1;  // the leftmost masked position when the rule has a lead bar, else -1
+  float lead = 0, tau = 0, far = 0;
+  bool has_far = false;
+  float at(int pos) const { return pos == lead_pos ? lead : tau; }
+};
+
 class Policy {
  public:
   Policy(const DecodeOptions& cfg, int64_t mask_id);
@@ -99,6 +108,7 @@ class Policy {
   void take_positions(const Rule& rule, const int64_t* state, const float* probs, int n_masked, int64_t step,
                       double tau);
   double tau_now(int64_t step, const int64_t* state) const;
+  Bars bars(const Rule& rule, const int64_t* state, double tau) const;
   // The margin of `rule`'s decision on state given f = probs (L,K) at tau (a threshold rule's);
   // conservative: the most confident position alone (a kConservative draft). Infinity: no mask.
   double margin(const Rule& rule, const int64_t* state, const float* probs, int k, int64_t step, double tau,

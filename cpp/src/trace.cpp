@@ -63,31 +63,28 @@ double Policy::margin(const Rule& rule, const int64_t* state, const float* probs
   for (int pos : take_) out = std::min(out, token(pos));
   if (rule.vanilla) return std::min(out, order(take_.size()));
   // threshold: |p - bar| at each masked position (take_positions' bars)
-  const float t = static_cast<float>(tau);
+  const Bars bar = bars(rule, state, tau);  // take_positions' own
   int first = -1;
   for (int pos = 0; pos < L_ && first < 0; ++pos)
     if (state[pos] == mask_) first = pos;
-  const float lead_bar = rule.lead ? static_cast<float>(std::min(*rule.lead, tau)) : t;
-  auto bar = [&](int pos) { return pos == first ? lead_bar : t; };
   auto dist = [&](int pos, float b) { return std::fabs(double(p1_[pos]) - double(b)); };
   bool none = true;
-  if (!rule.far) {
+  if (!bar.has_far) {
     for (int pos = 0; pos < L_; ++pos)
       if (state[pos] == mask_) {
-        out = std::min(out, dist(pos, bar(pos)));
-        if (p1_[pos] >= bar(pos)) none = false;
+        out = std::min(out, dist(pos, bar.at(pos)));
+        if (p1_[pos] >= bar.at(pos)) none = false;
       }
   } else {  // left to right up to the first position below its bar, past it at the far bar
     int gap = L_;
     for (int pos = 0; pos < L_ && gap == L_; ++pos)
-      if (state[pos] == mask_ && p1_[pos] < bar(pos)) gap = pos;
-    const float f = static_cast<float>(std::max(*rule.far, tau));
+      if (state[pos] == mask_ && p1_[pos] < bar.at(pos)) gap = pos;
     bool far_clears = false;
     for (int pos = 0; pos < L_; ++pos) {
       if (state[pos] != mask_) continue;
-      if (pos <= gap) out = std::min(out, dist(pos, bar(pos)));
-      if (pos >= gap) out = std::min(out, dist(pos, f));
-      far_clears |= p1_[pos] >= f;
+      if (pos <= gap) out = std::min(out, dist(pos, bar.at(pos)));
+      if (pos >= gap) out = std::min(out, dist(pos, bar.far));
+      far_clears |= p1_[pos] >= bar.far;
     }
     none = gap == first && !far_clears;
   }

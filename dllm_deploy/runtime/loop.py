@@ -252,7 +252,7 @@ class _Run:
             for r in range(b):
                 if not done[r]:
                     if self.tracer:
-                        self.tracer.plan(r, rows[r], k, step[r], self.stats[rows[r]]["forwards"], block[r], *f[r],
+                        self.tracer.plan(r, rows[r], k, step[r], self.stats[rows[r]]["forwards"], block[r], f[r][1],
                                          nodes[r], drafts[r][1])
                     block[r] = nodes[r, 0]
                     done[r] = block_status(block[r], self.mask_id, self.eos_id)[0]
@@ -269,7 +269,7 @@ class _Run:
             for r in need:
                 cur, steps = policy.select(nodes[r], drafts[r][1], v_ids[r], v_probs[r], step[r])
                 if self.tracer:
-                    self.tracer.select(r, nodes[r], drafts[r][1], v_ids[r], v_probs[r], step[r], cur, steps)
+                    self.tracer.select(r, nodes[r], drafts[r][1], v_probs[r], step[r], cur, steps)
                 st = self.stats[rows[r]]
                 st["forwards"] += 1
                 st["accepted_hist"][steps] = st["accepted_hist"].get(steps, 0) + 1

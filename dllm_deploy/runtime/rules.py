@@ -92,19 +92,25 @@ class Threshold:
         order = (-p).argsort(kind="stable")                      # most confident first (ties: lower position)
         if self.lead is None and self.far is None:
             return pos[order[:max(1, int(np.count_nonzero(p >= t)))]]
-        # the bars in the probabilities' precision (as in C++), compared on the L values as a list:
-        # float32 values and float32 bars compare the same as Python floats
-        bar = lambda x: float(p.dtype.type(x))                    # noqa: E731
-        pl, bt = p.tolist(), bar(t)
-        ok = [x >= bt for x in pl]                              # (M,) left to right: clears its bar
-        if self.lead is not None:
-            ok[0] = pl[0] >= bar(min(self.lead, t))              # the leftmost masked position
-        if self.far is not None and False in ok:
+        pl = p.tolist()
+        bars, far = self.bars(t, len(pl), p.dtype)
+        ok = [x >= b for x, b in zip(pl, bars)]                 # (M,) left to right: clears its bar
+        if far is not None and False in ok:
             gap = ok.index(False)                                # the first masked position below its bar
-            far = bar(max(self.far, t))
             ok[gap:] = [x >= far for x in pl[gap:]]
         keep = [j for j in order.tolist() if ok[j]]
         return pos[keep] if keep else pos[order[:1]]
+
+    def bars(self, t: float, n: int, dtype=np.float32) -> tuple[list[float], float | None]:
+        """The bars of ``n`` masked positions (left to right) at tau ``t``, in the probabilities'
+        precision (as in C++; float32 values and bars compare the same as Python floats): tau, the
+        leftmost at ``min(lead, t)``; and the far bar past the first position below its bar (None:
+        no far bar)."""
+        bar = lambda x: float(np.dtype(dtype).type(x))            # noqa: E731
+        bars = [bar(t)] * n
+        if self.lead is not None and n:
+            bars[0] = bar(min(self.lead, t))
+        return bars, None if self.far is None else bar(max(self.far, t))
 
     def tau_at(self, step: int, masked_left: int) -> float:
         """tau at this step of a block with ``masked_left`` masked positions."""

@@ -1,5 +1,5 @@
 """Decision traces: what each step of the decode loop decided and how close it came to deciding
-otherwise (``generate --trace``; the C++ runtime writes the same records, cpp/src/policy.cpp).
+otherwise (``generate --trace``; the C++ runtime writes the same records, cpp/src/trace.cpp).
 
 Two machines (x86-64 and arm64, or two providers) compute the same model with different kernels,
 so their probabilities differ in the last bits. Where a decision's margin is smaller than that
@@ -30,6 +30,7 @@ Margins are computed in double from the float32 probabilities the rule compares 
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import numpy as np
 
@@ -54,17 +55,13 @@ def _order_margin(p: np.ndarray, ranked: np.ndarray, n: int) -> float:
 def _threshold_margin(rule: Threshold, state, p: np.ndarray, step: int, mask_id: int, tau) -> float:
     pos = np.flatnonzero(state == mask_id)
     t = rule.tau_at(step, int(pos.size)) if tau is None else tau
-    f32 = lambda x: float(np.float32(x))                        # noqa: E731  (the rule's float32 bars)
-    pl = [float(x) for x in p[pos]]
-    bars = [f32(t)] * len(pl)
-    if rule.lead is not None:
-        bars[0] = f32(min(rule.lead, t))
-    if rule.far is None:
+    pl = p[pos].tolist()
+    bars, far = rule.bars(t, len(pl), p.dtype)                  # the rule's own bars
+    if far is None:
         out = min(abs(x - b) for x, b in zip(pl, bars))
         none = not any(x >= b for x, b in zip(pl, bars))
     else:       # left to right up to the first position below its bar, past it at the far bar
         gap = next((j for j, (x, b) in enumerate(zip(pl, bars)) if x < b), len(pl))
-        far = f32(max(rule.far, t))
         out = min(min((abs(x - b) for x, b in zip(pl[:gap + 1], bars)), default=INF),
                   min((abs(x - far) for x in pl[gap:]), default=INF))
         none = gap == 0 and not any(x >= far for x in pl)
@@ -104,13 +101,13 @@ class Tracer:
         self.policy, self.sink = policy, sink
         self.open: dict[int, dict] = {}           # batch index -> this iteration's record
 
-    def plan(self, r: int, row: int, block: int, step: int, forward: int, state, f_ids, f_probs, nodes, spec) -> None:
+    def plan(self, r: int, row: int, block: int, step: int, forward: int, state, f_probs, nodes, spec) -> None:
         """Row ``r`` (prompt ``row``) committed node 0 of ``nodes`` (W,L) drafted from ``state`` and
-        f(state) = f_ids / f_probs (L,K)."""
+        f(state)'s probabilities ``f_probs`` (L,K)."""
         pol, m = self.policy, self.policy.mask_id
         new = np.flatnonzero(nodes[0] != state)
-        lossy_tau = pol._tau(step, state) if pol.lossy else None
-        rule = pol.rule if lossy_tau is None else Threshold(lossy_tau, None, pol.rule.far, pol.rule.lead)
+        # node 0's rule, as Drafter.draft takes it (lossy mode: a threshold at the scheduled tau)
+        rule = replace(pol.rule, tau=pol._tau(step, state), schedule=None) if pol.lossy else pol.rule
         rec = {"row": row, "block": block, "step": step, "forward": forward,
                "commit": [[int(j), int(nodes[0, j])] for j in new],
                "margin": _json(decision_margin(rule, state, f_probs, step, m))}
@@ -121,14 +118,15 @@ class Tracer:
                              for i in range(1, spec.width)]
         self.open[r] = rec
 
-    def select(self, r: int, nodes, spec, f_ids, f_probs, step: int, cur: int, steps: int) -> None:
-        """Row ``r``'s selection reached node ``cur`` (``steps`` rule steps) on f(nodes) (W,L,K)."""
+    def select(self, r: int, nodes, spec, f_probs, step: int, cur: int, steps: int) -> None:
+        """Row ``r``'s selection reached node ``cur`` (``steps`` rule steps) on f(nodes)'s
+        probabilities ``f_probs`` (W,L,K)."""
         rec = self.open[r]
         rec["accepted"] = int(steps)
         if spec.width > 1:
-            rec["checks"] = [_json(x) for x in self._checks(nodes, spec, f_ids, f_probs, step, cur)]
+            rec["checks"] = [_json(x) for x in self._checks(nodes, spec, f_probs, step, cur)]
 
-    def _checks(self, nodes, spec, f_ids, f_probs, step: int, cur: int) -> list[float]:
+    def _checks(self, nodes, spec, f_probs, step: int, cur: int) -> list[float]:
         """The margin of each check ``Policy.select`` made on its way to ``cur``."""
         pol, m = self.policy, self.policy.mask_id
         path = [cur]
