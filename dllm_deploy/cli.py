@@ -14,7 +14,7 @@ from pathlib import Path
 from .decode_rules import OPTIONS
 from .errors import UserError
 from .runtime.tree import DEFAULT_TREE, PRESETS
-from .models.config import MOE_FORMS
+from .models.config import KV_IO, MOE_FORMS
 from .profiles.memory import INT8_FP32_DEFAULT
 
 
@@ -249,7 +249,7 @@ def cmd_export(a) -> int:
                  block_length=a.block_length, max_beam_width=a.max_beam_width, opset=a.opset, force=a.force, log=log,
                  int4_block_size=a.int4_block_size, int4_symmetric=a.int4_symmetric, sample_pool=a.sample_pool,
                  int8_smooth=a.int8_smooth, int8_calibration=a.int8_calibration, moe_form=a.moe_form,
-                 chat_template=a.chat_template,
+                 chat_template=a.chat_template, kv_io=a.kv_io,
                  int8_fp32=[] if a.int8_fp32.strip() == "none" else [x.strip() for x in a.int8_fp32.split(",") if x.strip()])
     if a.json:
         print(json.dumps(res))
@@ -838,6 +838,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="mixture-of-experts models: the routed experts as ONNX Runtime's com.microsoft.MoE operator "
                         "(contrib, default) or in standard operators, tokens gathered per expert (gather: TensorRT and "
                         "other providers); docs/moe.md")
+    x.add_argument("--kv-io", choices=KV_IO, default="append",
+                   help="what the prefill graph returns of the KV cache: the whole cache with the new tokens (append, "
+                        "default; every runtime) or the new tokens' keys and values only, the cache kept in a buffer "
+                        "written in place (new: ONNX Runtime in Python and C++, schema 5; docs/export.md)")
     x.add_argument("--block-length", type=int, default=None, help="block length L (default: the model's)")
     x.add_argument("--max-beam-width", type=int, default=8, help="largest W the artifact is checked for")
     x.add_argument("--sample-pool", type=int, default=None,

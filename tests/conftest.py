@@ -119,6 +119,28 @@ def selfspec_artifact(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+def kv_io_pairs(tmp_path_factory, tiny_artifact, selfspec_artifact):
+    """name -> (artifact of kv_io "append", the same model's of kv_io "new"), fp32: the bundled
+    tiny model (block-causal), random LLaDA- and Dream-layout checkpoints (bidirectional; Dream's
+    shifted logits) and the tri-mode self-speculative model. Exported once per run."""
+    from dllm_deploy.export.exporter import export
+    root = tmp_path_factory.mktemp("kv-io")
+    quiet = {"log": lambda m: None}
+    pairs = {}
+    for name, src, append in (("tiny", "tiny", tiny_artifact[0]),
+                              ("selfspec", str(Path(__file__).resolve().parents[1] / "checkpoints" / "tiny-selfspec"),
+                               selfspec_artifact),
+                              ("llada", None, None), ("dream", None, None)):
+        if src is None:
+            src = str(write_checkpoint(root / f"{name}-ckpt", name))
+            append = root / f"{name}-append"
+            export(src, append, **quiet)
+        export(src, root / f"{name}-new", kv_io="new", **quiet)
+        pairs[name] = (Path(append), root / f"{name}-new")
+    return pairs
+
+
+@pytest.fixture(scope="session")
 def diffusion_gemma_export(tmp_path_factory):
     """A tame random DiffusionGemma checkpoint (tests/models/test_diffusion_gemma.py) and its
     artifact, exported once: (checkpoint, artifact, export report)."""

@@ -265,6 +265,7 @@ bool Runtime::report(std::vector<RowResult>& out) {
 void Runtime::size_buffers(const std::vector<std::vector<int64_t>>& prompts, size_t n_blocks, CacheMode mode,
                           size_t W) {
   OrtBackend& be = *backend_;
+  be.clear_cache();  // before reserve: a kv_io "new" buffer is laid out for this call's cache
   prefix_ = Prefix::of_prompts(prompts, manifest_.model.pad_token_id);
   const size_t L = L_, p = prefix_.length, N = p + n_blocks * L, b = prompts.size();
   const bool none = mode == CacheMode::kNone;
@@ -453,7 +454,7 @@ void Runtime::next_block(size_t k) {
 // the plan's read columns into top_ids/top_probs.
 void Runtime::run_plan(const Plan& plan, const int64_t* steps, int64_t* top_ids, float* top_probs) {
   OrtBackend& be = *backend_;
-  if (plan.cache != PlanCache::kReuse) be.clear_cache();
+  if (plan.cache != PlanCache::kReuse) be.clear_cache(plan.keep);  // it holds this call's kept tokens
   if (plan.rows != B() || plan.rows != be.rows() || plan.cached != be.cache_length())
     fail(DLLM_ERROR_INTERNAL, "a plan over " + std::to_string(plan.rows) + " rows and " + std::to_string(plan.cached) +
                                   " cached positions met " + std::to_string(be.rows()) + " rows and a cache of " +

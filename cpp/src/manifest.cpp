@@ -212,12 +212,16 @@ Manifest read_manifest(const std::string& folder_in, const std::string& precisio
   if (!schema) r.corrupt("no schema_version");
   const Json& sv = *schema;
   const double version = sv.is_number() ? sv.get<double>() : 0.0;
-  const std::string reads = " (this runtime reads " + std::to_string(kSchemaVersion);
+  const std::string reads = " (this runtime reads " + std::to_string(kSchemaVersion) + ", " + std::to_string(kSchemaKvNew);
   if (is_int(sv) && version >= 1 && version < kSchemaVersion)
     artifact_error(path + ": schema_version " + describe(sv) + " was written by an older dllm-deploy; re-export the model" +
                    reads + "; CHANGELOG.md)");
-  if (!is_int(sv) || version != kSchemaVersion)
+  if (!is_int(sv) || (version != kSchemaVersion && version != kSchemaKvNew))
     artifact_error(path + ": unknown schema_version " + describe(sv) + reads + ")");
+  const Json* kv_io = find(m, "kv_io");
+  const bool kv_new = kv_io && kv_io->is_string() && kv_io->get<std::string>() == "new";
+  if ((version == kSchemaKvNew) != kv_new)
+    r.corrupt("schema_version " + describe(sv) + " with kv_io " + (kv_io ? describe(*kv_io) : std::string("None")));
   for (const char* key : {"model", "precisions", "files", "graphs", "tokenizer", "capabilities", "sampling"})
     if (!find(m, key)) r.corrupt(std::string("no '") + key + "'");
 
@@ -254,6 +258,7 @@ Manifest read_manifest(const std::string& folder_in, const std::string& precisio
 
   Manifest out;
   out.schema_version = static_cast<int>(version);
+  out.kv_new = kv_new;
   out.folder = folder;
   out.precision = precision;
   const Json& model = r.object(m, "model", "model");

@@ -13,7 +13,10 @@ namespace dllm::detail {
 // the graphs exclude the mask token and a pad token distinct from EOS (DESIGN §8) and sample
 // (inputs sample_u, temperature, top_k, top_p; manifest "sampling"). Schemas 1-3 are refused
 // with a request to re-export (CHANGELOG.md).
+// 5: schema 4 with "kv_io": "new": prefill's present outputs hold only the new tokens' keys and
+// values (B,Hkv,T,D); the cache is a buffer the runtime writes in place (export/graphs.py).
 constexpr int kSchemaVersion = 4;
+constexpr int kSchemaKvNew = 5;
 
 struct ModelConfig {
   int vocab_size = 0;         // V
@@ -76,6 +79,7 @@ struct Manifest {
   std::string tokenizer_file, tokenizer_config;  // "hf": tokenizer.json and tokenizer_config.json ("" if none)
   GraphIO prefill, verify;                // the graphs of roles "prefill" and "verify"
   std::string prefill_file, verify_file;  // paths inside the folder, for this precision
+  bool kv_new = false;                    // kv_io "new" (schema 5): present is the new tokens' KV only
 };
 
 // Reads folder/manifest.json, checks schema_version and (verify) the sha256 of every file the

@@ -87,6 +87,9 @@ struct OrtBackend::Impl {
 
   size_t rows = 1, cap_rows = 0, cap_tokens = 0, cap_past = 0, cap_present = 0, cache_len = 0;
   size_t pending = 0;                       // new tokens of the last prefill_run (their KV in present)
+  bool kv_new = false;                      // kv_io "new": present is the new tokens' KV; past a buffer of `stride`
+  size_t stride = 0;                        // kv_new: positions per (row, KV head) in past, the fed capacity
+  std::vector<uint8_t> wide_mask;           // kv_new: (B,T,stride+T) the mask over the whole buffer
   std::vector<int64_t> ids, pos;            // (B,T)
   std::vector<uint8_t> mask;                // (B,T,P+T)
   std::vector<float> sample_u;              // (B,T)
@@ -94,17 +97,34 @@ struct OrtBackend::Impl {
   int64_t top_k1 = 0;
   std::vector<float> temperature, top_p_in; // (B,) fed: the above per row
   std::vector<int64_t> top_k;               // (B,)
-  std::vector<std::vector<float>> past;     // 2 per layer: (B, Hkv, P, D), the layer's Hkv and D
+  std::vector<std::vector<float>> past;     // 2 per layer: (B, Hkv, P, D), the layer's Hkv and D (kv_new: (B, Hkv, stride, D))
   std::vector<std::vector<float>> present;  // 2 per layer: (B, Hkv, P+T, D)
   std::vector<int64_t> top_i;               // (B,T,K)
   std::vector<float> top_p;                 // (B,T,K)
   std::vector<Ort::Value> in_values, out_values;
   std::vector<std::array<int64_t, 4>> past_shapes, present_shapes;  // per buffer, alive while a run uses them
 
+  // The past a call reads: the cache's positions, or (kv_new) the whole buffer when some of it is
+  // unwritten, with the mask widened so those positions are not attended.
+  size_t fed_past() const { return kv_new && cache_len != 0 ? stride : cache_len; }
+
+  uint8_t* fed_mask(size_t t) {
+    if (fed_past() == cache_len) return mask.data();
+    const size_t P = cache_len, S = stride + t;
+    wide_mask.assign(rows * t * S, 0);
+    for (size_t i = 0; i < rows * t; ++i) {
+      const uint8_t* from = mask.data() + i * (P + t);
+      std::copy_n(from, P, wide_mask.data() + i * S);
+      std::copy_n(from + P, t, wide_mask.data() + i * S + stride);
+    }
+    return wide_mask.data();
+  }
+
   void add_inputs(size_t t) {
-    const int64_t B = static_cast<int64_t>(rows), P = static_cast<int64_t>(cache_len), T = static_cast<int64_t>(t);
+    const int64_t B = static_cast<int64_t>(rows), P = static_cast<int64_t>(fed_past()), T = static_cast<int64_t>(t);
     const int64_t ids_shape[2] = {B, T}, row_shape[1] = {B};
     const int64_t mask_shape[4] = {B, 1, T, P + T};
+    uint8_t* mask_data = fed_mask(t);
     std::vector<std::array<int64_t, 4>>& past_shape = past_shapes;
     past_shape.resize(past.size());
     for (size_t i = 0; i < past.size(); ++i) past_shape[i] = {B, hkv[i], P, d[i]};
@@ -118,7 +138,7 @@ struct OrtBackend::Impl {
       switch (f) {
         case Feed::kIds: tensor(ids.data(), bt * sizeof(int64_t), ids_shape, 2, f); break;
         case Feed::kPos: tensor(pos.data(), bt * sizeof(int64_t), ids_shape, 2, f); break;
-        case Feed::kMask: tensor(mask.data(), static_cast<size_t>(B * T * (P + T)), mask_shape, 4, f); break;
+        case Feed::kMask: tensor(mask_data, static_cast<size_t>(B * T * (P + T)), mask_shape, 4, f); break;
         case Feed::kSampleU: tensor(sample_u.data(), bt * sizeof(float), ids_shape, 2, f); break;
         case Feed::kTemperature: tensor(temperature.data(), rows * sizeof(float), row_shape, 1, f); break;
         case Feed::kTopK: tensor(top_k.data(), rows * sizeof(int64_t), row_shape, 1, f); break;
@@ -140,6 +160,16 @@ struct OrtBackend::Impl {
                                                   ONNX_TENSOR_ELEMENT_DATA_TYPE_INT64));
     out_values.push_back(Ort::Value::CreateTensor(mem, top_p.data(), n * sizeof(float), top_shape, 3,
                                                   ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT));
+  }
+
+  // kv_new: the written positions of every (row, KV head) from a stride of `from` positions to
+  // `stride` (larger), last row first so nothing is overwritten before it moves.
+  void restride(size_t from) {
+    for (size_t i = 0; i < past.size(); ++i) {
+      const size_t dd = static_cast<size_t>(d[i]), heads = rows * static_cast<size_t>(hkv[i]);
+      float* b = past[i].data();
+      for (size_t h = heads; h-- > 1;) std::memmove(b + h * stride * dd, b + h * from * dd, cache_len * dd * sizeof(float));
+    }
   }
 
   void run(Ort::Session& s, const std::vector<const char*>& in, const std::vector<const char*>& out, double& seconds) {
@@ -241,6 +271,7 @@ OrtBackend::OrtBackend(const Manifest& m, int intra_op_threads) : impl_(new Impl
   for (const auto& n : m.verify.outputs) s.verify_out.push_back(keep(n));
   s.past.resize(s.hkv.size());
   s.present.resize(s.hkv.size());
+  s.kv_new = m.kv_new;
   s.in_values.reserve(m.prefill.inputs.size());
   s.out_values.reserve(m.prefill.outputs.size());
 }
@@ -251,8 +282,17 @@ void OrtBackend::reserve(size_t rows, size_t max_tokens, size_t max_past, size_t
   Impl& s = *impl_;
   s.rows = rows;
   s.temperature.assign(rows, s.temperature1), s.top_k.assign(rows, s.top_k1), s.top_p_in.assign(rows, s.top_p1);
-  if (rows <= s.cap_rows && max_tokens <= s.cap_tokens && max_past <= s.cap_past && max_present <= s.cap_present)
+  size_t old_stride = s.stride;
+  if (s.kv_new) {  // the buffer's positions per row: the call's need exactly on an empty cache, else
+    // a quarter more at least (the written positions move to the new stride below)
+    if (s.cache_len == 0) old_stride = 0, s.stride = max_past;
+    else if (max_past > s.stride) s.stride = std::max(max_past, s.stride + std::max<size_t>(s.stride / 4, 1));
+    max_past = s.stride;
+  }
+  if (rows <= s.cap_rows && max_tokens <= s.cap_tokens && max_past <= s.cap_past && max_present <= s.cap_present) {
+    if (s.kv_new && old_stride && s.stride != old_stride) s.restride(old_stride);
     return;
+  }
   s.cap_rows = std::max(s.cap_rows, rows);
   s.cap_tokens = std::max(s.cap_tokens, max_tokens);
   s.cap_past = std::max(s.cap_past, max_past);
@@ -269,12 +309,13 @@ void OrtBackend::reserve(size_t rows, size_t max_tokens, size_t max_past, size_t
     s.past[i].resize(std::max<size_t>(1, B * row * P));
     s.present[i].resize(std::max<size_t>(1, B * row * s.cap_present));
   }
+  if (s.kv_new && old_stride && s.stride != old_stride) s.restride(old_stride);
 }
 
 void OrtBackend::keep_rows(const std::vector<size_t>& idx) {
   Impl& s = *impl_;
   for (size_t i = 0; i < s.past.size(); ++i) {
-    const size_t n = static_cast<size_t>(s.hkv[i] * s.d[i]) * s.cache_len;  // one row's cache, (Hkv, P, D)
+    const size_t n = static_cast<size_t>(s.hkv[i] * s.d[i]) * (s.kv_new ? s.stride : s.cache_len);  // one row's cache, (Hkv, P, D)
     float* b = s.past[i].data();
     for (size_t j = 0; j < idx.size(); ++j)
       if (idx[j] != j) std::memmove(b + j * n, b + idx[j] * n, n * sizeof(float));
@@ -283,11 +324,22 @@ void OrtBackend::keep_rows(const std::vector<size_t>& idx) {
   s.temperature.resize(s.rows), s.top_k.resize(s.rows), s.top_p_in.resize(s.rows);
 }
 
-void OrtBackend::clear_cache() { impl_->cache_len = 0; }
+void OrtBackend::clear_cache(size_t capacity) {
+  Impl& s = *impl_;
+  s.cache_len = 0;
+  if (s.kv_new && capacity) {
+    if (capacity > s.cap_past) fail(DLLM_ERROR_INTERNAL, "a cache larger than the reserved buffers");
+    s.stride = capacity;
+  }
+}
 
 void OrtBackend::truncate(size_t n) {
   Impl& s = *impl_;
   if (n >= s.cache_len) return;
+  if (s.kv_new) {  // the buffer keeps its layout; positions past n are written over later
+    s.cache_len = n;
+    return;
+  }
   const size_t P = s.cache_len;
   for (size_t i = 0; i < s.past.size(); ++i) {  // (B*Hkv, P, D) -> (B*Hkv, n, D) in place, front to back
     const size_t d = static_cast<size_t>(s.d[i]), heads = s.rows * static_cast<size_t>(s.hkv[i]);
@@ -314,8 +366,18 @@ const float* OrtBackend::top_probs() const { return impl_->top_p.data(); }
 void OrtBackend::prefill(size_t t, size_t keep) {
   Impl& s = *impl_;
   const size_t P = s.cache_len, total = P + t, end = P + keep;
-  if (end > s.cap_past) fail(DLLM_ERROR_INTERNAL, "prefill larger than the reserved buffers");
+  if (end > (s.kv_new ? s.stride : s.cap_past)) fail(DLLM_ERROR_INTERNAL, "prefill larger than the reserved buffers");
   prefill_run(t);
+  if (s.kv_new) {  // present (B, Hkv, T, D): its first `keep` positions after the cache's, in place
+    for (size_t b = 0; b < s.past.size(); ++b) {
+      const size_t d = static_cast<size_t>(s.d[b]), heads = s.rows * static_cast<size_t>(s.hkv[b]);
+      for (size_t h = 0; h < heads; ++h)
+        std::memcpy(s.past[b].data() + (h * s.stride + P) * d, s.present[b].data() + h * t * d, keep * d * sizeof(float));
+    }
+    s.cache_len = end;
+    s.pending = 0;
+    return;
+  }
   // cache <- present[:, :, :end] per layer, (B, Hkv, end, D) contiguous
   for (size_t b = 0; b < s.past.size(); ++b) {
     const size_t d = static_cast<size_t>(s.d[b]), heads = s.rows * static_cast<size_t>(s.hkv[b]);
@@ -334,10 +396,11 @@ void OrtBackend::prefill_run(size_t t) {
   s.add_inputs(t);
   s.add_top_outputs(t);
   s.present_shapes.resize(s.present.size());
+  const size_t out_len = s.kv_new ? t : total;  // present: the new tokens' KV, or the cache's and theirs
   for (size_t i = 0; i < s.present.size(); ++i) {
-    s.present_shapes[i] = {static_cast<int64_t>(s.rows), s.hkv[i], static_cast<int64_t>(total), s.d[i]};
+    s.present_shapes[i] = {static_cast<int64_t>(s.rows), s.hkv[i], static_cast<int64_t>(out_len), s.d[i]};
     const size_t row = static_cast<size_t>(s.hkv[i] * s.d[i]);
-    s.out_values.push_back(Ort::Value::CreateTensor(s.mem, s.present[i].data(), s.rows * row * total * sizeof(float),
+    s.out_values.push_back(Ort::Value::CreateTensor(s.mem, s.present[i].data(), s.rows * row * out_len * sizeof(float),
                                                     s.present_shapes[i].data(), 4, ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT));
   }
   s.run(s.prefill, s.prefill_in, s.prefill_out, run_seconds);
@@ -347,7 +410,20 @@ void OrtBackend::prefill_run(size_t t) {
 void OrtBackend::commit_selected(const std::vector<int64_t>& idx, size_t n) {
   Impl& s = *impl_;
   const size_t P = s.cache_len, t = s.pending, total = P + t, end = P + n;
-  if (idx.size() != s.rows * n || end > s.cap_past) fail(DLLM_ERROR_INTERNAL, "commit larger than the reserved buffers");
+  if (idx.size() != s.rows * n || end > (s.kv_new ? s.stride : s.cap_past))
+    fail(DLLM_ERROR_INTERNAL, "commit larger than the reserved buffers");
+  if (s.kv_new) {  // the chosen new positions of present (B, Hkv, T, D) after the cache's, in place
+    for (size_t b = 0; b < s.past.size(); ++b) {
+      const size_t d = static_cast<size_t>(s.d[b]), hkv = static_cast<size_t>(s.hkv[b]);
+      for (size_t h = 0; h < s.rows * hkv; ++h)
+        for (size_t j = 0; j < n; ++j)
+          std::memcpy(s.past[b].data() + (h * s.stride + P + j) * d,
+                      s.present[b].data() + (h * t + static_cast<size_t>(idx[h / hkv * n + j])) * d, d * sizeof(float));
+    }
+    s.cache_len = end;
+    s.pending = 0;
+    return;
+  }
   // cache <- present[:, :, :P] + the chosen new positions, (B, Hkv, P+n, D) contiguous
   for (size_t b = 0; b < s.past.size(); ++b) {
     const size_t d = static_cast<size_t>(s.d[b]), hkv = static_cast<size_t>(s.hkv[b]);

@@ -7,7 +7,10 @@
 // (cache unchanged); top_ids/top_probs (B,T,K) hold the result until the next call.
 // KV per layer: (B, Hkv, P, D) contiguous, fed in place as past_key_values.{i}.key/.value; the
 // graph's present (B, Hkv, P+T, D) lands in a second buffer and its first P+keep positions are
-// copied back once per commit. keep_rows drops finished rows from the cache (prefix.py::
+// copied back once per commit. An artifact of kv_io "new" (schema 5) returns only the new tokens'
+// (B, Hkv, T, D): the cache is then (B, Hkv, capacity, D), its positions written in place, fed
+// whole with the mask widened over the unwritten ones (or just the written part when that is all
+// or none of it): no call copies the cached positions. keep_rows drops finished rows from the cache (prefix.py::
 // PrefixState.keep).
 //
 // Dimension legend: B rows, T new tokens, P cached positions, K top-k, Hkv KV heads, D head dim.
@@ -39,7 +42,9 @@ class OrtBackend {
   // max_tokens new tokens over a cache of up to max_past positions, and prefills whose cache +
   // new tokens stay within max_present. Called once per generate, before the loop.
   void reserve(size_t rows, size_t max_tokens, size_t max_past, size_t max_present);
-  void clear_cache();
+  // The cache empties; `capacity` (kv_io "new"): the positions it will hold until the next clear,
+  // when known (0: what reserve sized it for).
+  void clear_cache(size_t capacity = 0);
   size_t cache_length() const;
   void truncate(size_t n);  // only the first n cached positions stay
   size_t rows() const;

@@ -16,9 +16,13 @@ SCHEMA_VERSION = 4
 #    per layer), "graphs" keyed by role (the capabilities' "graphs" list them). The graphs exclude
 #    the mask token and a pad token distinct from EOS (special_ids.excluded) and sample (inputs
 #    sample_u, temperature, top_k, top_p; "sampling": {"pool", "noise"}), as since schema 3.
+# 5: schema 4 with "kv_io": "new": prefill's present outputs hold only the new tokens' keys and
+#    values (B,Hkv,T,D) and the runtime keeps the cache in a buffer it writes in place (export/
+#    graphs.py). Written only for such artifacts ("kv_io": "append" is schema 4), so a runtime that
+#    reads 4 alone refuses them instead of taking a new-only present for the whole cache.
 # Schemas 1-3 are not read (CHANGELOG.md, 0.2.0): such an artifact is refused in one line asking
 # for a re-export.
-READABLE = (4,)
+READABLE = (4, 5)
 MANIFEST = "manifest.json"
 SAMPLING_INPUTS = ("sample_u", "temperature", "top_k", "top_p")   # schema 3: the graphs' last inputs
 SAMPLING_NOISE = "philox4x64-10/v1"   # the noise the sampling inputs come from (runtime/noise.py)
@@ -34,7 +38,7 @@ def sha256(path: Path) -> str:
 
 def write_manifest(folder: Path, manifest: dict) -> None:
     manifest = dict(manifest)
-    manifest["schema_version"] = SCHEMA_VERSION
+    manifest["schema_version"] = 5 if manifest.get("kv_io") == "new" else SCHEMA_VERSION
     manifest["files"] = {str(p.relative_to(folder)): sha256(p) for p in sorted(folder.rglob("*"))
                          if p.is_file() and p.name != MANIFEST}
     (folder / MANIFEST).write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
@@ -129,6 +133,8 @@ def read_manifest(folder: str | Path, verify: bool = True, precision: str | None
         raise UserError(f"{path}: unknown schema_version {version!r} "
                         f"(this runtime reads {', '.join(map(str, READABLE))})")
     _check_shape(m, path)
+    if (version == 5) != (m.get("kv_io", "append") == "new"):
+        raise UserError(f"{path}: corrupt manifest (schema_version {version} with kv_io {m.get('kv_io')!r})")
     if precision is not None and precision not in m["precisions"]:
         raise UserError(f"{folder}: the artifact has no {precision!r} variant (it has {', '.join(sorted(m['precisions']))})")
     if verify:

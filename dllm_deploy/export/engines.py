@@ -80,6 +80,9 @@ def plan_engines(folder: str | Path, manifest: dict, profile, workspace_mb: int 
     """Everything about the build that needs no GPU: precision variant (the profile's, else fp32),
     graph files, optimization-profile shapes, settings, and the equivalent trtexec commands."""
     folder = Path(folder)
+    if manifest.get("kv_io", "append") != "append":
+        raise UserError(f"{folder}: an artifact of kv_io {manifest['kv_io']!r}; the TensorRT runner reads the whole "
+                        "cache from present (kv_io 'append'): re-export without --kv-io new")
     precision = profile.precision if profile.precision in manifest["precisions"] else "fp32"
     files = manifest["precisions"][precision]
     settings = build_settings(profile, workspace_mb, opt_level)

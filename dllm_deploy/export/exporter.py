@@ -33,7 +33,7 @@ from ..artifact.fsio import clean_stale, lock_target, remove_temp_dir, replace_d
 from ..chat import TEMPLATE_FILE, load_chat_template, special_tokens
 from ..errors import UserError
 from ..models.exclusion import excluded_ids
-from ..models.config import MOE_FORMS
+from ..models.config import KV_IO, MOE_FORMS
 from ..models.registry import get_family
 from ..models.sampling import default_pool
 from ..profiles.memory import INT8_FP32_DEFAULT
@@ -206,7 +206,7 @@ def export(model: str = "tiny", out: str | Path = "artifact", precisions=("fp32"
            int4_block_size: int = 32, int4_symmetric: bool = True, sample_pool: int | None = None,
            int8_smooth: float = DEFAULT_ALPHA, int8_calibration: str | Path | None = None,
            int8_fp32=INT8_FP32_DEFAULT, int8_per_channel: bool = True, moe_form: str = "contrib",
-           chat_template: str | Path | None = None) -> dict:
+           chat_template: str | Path | None = None, kv_io: str = "append") -> dict:
     """Export ``model`` (``tiny`` or a Hugging Face folder) into the artifact folder ``out``.
     ``int4_block_size`` / ``int4_symmetric``: the int4 variant's quantization (MatMulNBits blocks
     along each weight's input dimension; symmetric = no zero points). ``int8_smooth``: the int8
@@ -217,7 +217,9 @@ def export(model: str = "tiny", out: str | Path = "artifact", precisions=("fp32"
     graphs sample from (default min(vocabulary, 64)). ``moe_form``: how a mixture-of-experts model's
     routed experts are exported, "contrib" (ONNX Runtime's com.microsoft.MoE) or "gather" (standard
     operators; models/moe.py). ``chat_template``: a file with the chat template the artifact carries
-    (default: the model folder's, chat.py::load_chat_template)."""
+    (default: the model folder's, chat.py::load_chat_template). ``kv_io``: what prefill's present
+    outputs hold, "append" (the past and the new tokens, schema 4) or "new" (the new tokens only;
+    the runtime's cache is a buffer written in place, schema 5; export/graphs.py)."""
     import torch
 
     from ..models.config import DLLMConfig
@@ -232,6 +234,8 @@ def export(model: str = "tiny", out: str | Path = "artifact", precisions=("fp32"
         precisions.insert(0, "fp32")
     if max_beam_width < 1:
         raise UserError("--max-beam-width must be >= 1")
+    if kv_io not in KV_IO:
+        raise UserError(f"--kv-io must be one of {', '.join(KV_IO)}, got {kv_io!r}")
     if moe_form not in MOE_FORMS:
         raise UserError(f"--moe-form must be one of {', '.join(MOE_FORMS)}, got {moe_form!r}")
     if int4_block_size < 16 or int4_block_size & (int4_block_size - 1):
@@ -260,6 +264,9 @@ def export(model: str = "tiny", out: str | Path = "artifact", precisions=("fp32"
     src = resolve_model_dir(model).resolve()
     from ..models.families import OWN_EXPORT
     if _model_type(src) in OWN_EXPORT:
+        if kv_io != "append":
+            raise UserError(f"{src}: --kv-io {kv_io} is for the masked families' prefill / verify graphs; "
+                            f"{_model_type(src)} has its own graphs")
         return _export_own(OWN_EXPORT[_model_type(src)], src, given, out, precisions, opset, force, log, t0)
     check_target(out, src, force)
     chat = load_chat_template(src, chat_template)
@@ -276,7 +283,7 @@ def export(model: str = "tiny", out: str | Path = "artifact", precisions=("fp32"
         tok = load_tokenizer(src, cfg.eos_token_id)
         files, parity_report = _swap_in(out, lambda work: _write_artifact(
             work, source, cfg, tok, src, block_length or cfg.block_size, precisions, max_beam_width, opset, log,
-            quant, pool, calibration[0] if calibration else None, chat, moe_form))
+            quant, pool, calibration[0] if calibration else None, chat, moe_form, kv_io))
     sizes = {p: sum((out / f).stat().st_size for f in fs.values()) for p, fs in files.items()}
     return {"artifact": str(given), "files": sorted(str(p.relative_to(out)) for p in out.rglob("*") if p.is_file()),
             "sizes_bytes": sizes, "parity": parity_report, "seconds": round(time.time() - t0, 1)}
@@ -285,7 +292,7 @@ def export(model: str = "tiny", out: str | Path = "artifact", precisions=("fp32"
 def _write_artifact(tmp: Path, source: WeightSource, cfg, tok, src: Path, L: int, precisions: list,
                     max_beam_width: int, opset: int, log, quant: dict, pool: int,
                     calibration: list[str] | None = None, chat: str | None = None,
-                    moe_form: str = "contrib") -> tuple[dict, dict]:
+                    moe_form: str = "contrib", kv_io: str = "append") -> tuple[dict, dict]:
     """Every file of the artifact, manifest last, into the empty folder ``tmp``; ``quant``: the
     options of each quantized precision (recorded in the manifest's ``quantization``);
     ``calibration``: the texts the int8 variant's smoothing is calibrated on (None: not smoothed).
@@ -313,7 +320,8 @@ def _write_artifact(tmp: Path, source: WeightSource, cfg, tok, src: Path, L: int
 
     def module_of(dtype):
         if dtype not in modules:
-            modules[dtype] = placeholder_module(family, cfg, dtype).set_attention("eager").set_moe_form(moe_form)
+            modules[dtype] = (placeholder_module(family, cfg, dtype).set_attention("eager").set_moe_form(moe_form)
+                              .set_kv_io(kv_io))
         return modules[dtype]
 
     files: dict[str, dict] = {}
@@ -337,12 +345,12 @@ def _write_artifact(tmp: Path, source: WeightSource, cfg, tok, src: Path, L: int
                 ranges = input_ranges(module, cfg, tok, calibration, L)
             ops, _ = smoothing(module, cfg, ranges, quant["int8"]["smooth"]["alpha"],
                                real=lambda unit: loaded(module, source, unit))
-            _trace_graphs(module, cfg, L, dtype, opset, trace, pool, source.scaled(ops), draft.scaled(ops))
+            _trace_graphs(module, cfg, L, dtype, opset, trace, pool, source.scaled(ops), draft.scaled(ops), kv_io)
             graphs = _int8_variant({g: trace / g for g in GRAPHS}, sub, quant["int8"])
         elif prec == "int8":
             graphs = _int8_variant({g: tmp for g in GRAPHS}, sub, quant["int8"])
         else:
-            graphs, bases = _trace_graphs(module_of(dtype), cfg, L, dtype, opset, trace, pool, source, draft)
+            graphs, bases = _trace_graphs(module_of(dtype), cfg, L, dtype, opset, trace, pool, source, draft, kv_io)
         share_weights(graphs, sub, "weights.bin", bases=bases)
         shutil.rmtree(trace, ignore_errors=True)
         for g, m in graphs.items():
@@ -376,13 +384,17 @@ def _write_artifact(tmp: Path, source: WeightSource, cfg, tok, src: Path, L: int
                             "excluded": list(excluded_ids(cfg))},
         "block_length": L, "max_beam_width": max_beam_width, "topk": TOPK,
         "family": family.name, "capabilities": caps.to_dict(), "cache_mode": caps.cache["auto"],
-        "kv_shapes": [list(s) for s in family.kv_shapes(cfg)],
+        "kv_shapes": [list(s) for s in family.kv_shapes(cfg)], "kv_io": kv_io,
         "graphs": {g: {**names[g], "dims": {"input_ids": ["batch", "tokens"], "position_ids": ["batch", "tokens"],
                                             "attention_mask": ["batch", 1, "tokens", "kv_len"],
                                             "past": ["batch", "kv_shapes[layer][0]", "past", "kv_shapes[layer][1]"],
                                             "sample_u": ["batch", "tokens"], "temperature": ["batch"],
                                             "top_k": ["batch"], "top_p": ["batch"],
-                                            "top": ["batch", "tokens", TOPK]}} for g in names},
+                                            "top": ["batch", "tokens", TOPK],
+                                            **({"present": ["batch", "kv_shapes[layer][0]",
+                                                            "past + tokens" if kv_io == "append" else "tokens",
+                                                            "kv_shapes[layer][1]"]} if g == "prefill" else {})}}
+                   for g in names},
         "sampling": {"pool": pool, "noise": SAMPLING_NOISE},
         **({"experts": expert_record(cfg, moe_form, files)} if cfg.num_experts else {}),
         **({"draft_adapter": adapter.record()} if adapter else {}),
@@ -405,12 +417,12 @@ def expert_record(cfg, form: str, files: dict) -> dict:
 
 
 def _trace_graphs(module, cfg, L: int, dtype, opset: int, trace: Path, pool: int,
-                 source: WeightSource, draft: WeightSource | None = None) -> tuple[dict, dict]:
+                 source: WeightSource, draft: WeightSource | None = None, kv_io: str = "append") -> tuple[dict, dict]:
     """Both graphs of ``module`` (placeholder weights of ``dtype``) traced into their own
     sub-folders of ``trace``, each with the weights of ``source`` folded into its ``data`` file
     (``draft``: the verify graph's, when they differ: a draft-only adapter); returns the graphs
     (weights not loaded) and those folders."""
-    names, axes = io_names(cfg.num_layers), dynamic_axes(cfg.num_layers)
+    names, axes = io_names(cfg.num_layers), dynamic_axes(cfg.num_layers, kv_io)
     ids, pos, mask, rest = _dummy(cfg, 1, L, 4, dtype)
     graphs, bases = {}, {}
     for g, wrap in GRAPHS.items():

@@ -4,6 +4,9 @@ PrefillGraph: input_ids (B,T), position_ids (B,T), attention_mask (B,1,T,P+T) bo
               past_key_values.{i}.key/.value (B,Hkv,P,D),
               sample_u (B,T) float32, temperature (B,) float32, top_k (B,) int64, top_p (B,) float32
            -> logits (B,T,V), top_ids (B,T,K), top_probs (B,T,K), present.{i}.key/.value (B,Hkv,P+T,D)
+              (kv_io "new", schema 5: present is the T new tokens' keys / values only, (B,Hkv,T,D):
+              the runtime writes them into a cache buffer of fixed capacity, fed whole with the
+              mask leaving its unwritten positions out)
 VerifyGraph:  the same inputs -> top_ids (B,T,K) int64, top_probs (B,T,K) float32
               (the choice inside the graph; no logits, no KV leave it)
 
@@ -67,7 +70,7 @@ class VerifyGraph(_Graph):
         return self._run(input_ids, position_ids, attention_mask, rest)[2]
 
 
-def dynamic_axes(num_layers: int) -> dict:
+def dynamic_axes(num_layers: int, kv_io: str = "append") -> dict:
     ax = {"input_ids": {0: "batch", 1: "tokens"}, "position_ids": {0: "batch", 1: "tokens"},
           "attention_mask": {0: "batch", 2: "tokens", 3: "kv_len"},
           "logits": {0: "batch", 1: "tokens"}, "top_ids": {0: "batch", 1: "tokens"},
@@ -76,7 +79,7 @@ def dynamic_axes(num_layers: int) -> dict:
     for i in range(num_layers):
         for kind in ("key", "value"):
             ax[f"past_key_values.{i}.{kind}"] = {0: "batch", 2: "past"}
-            ax[f"present.{i}.{kind}"] = {0: "batch", 2: "kv_len"}
+            ax[f"present.{i}.{kind}"] = {0: "batch", 2: "kv_len" if kv_io == "append" else "tokens"}
     return ax
 
 

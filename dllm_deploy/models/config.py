@@ -20,6 +20,7 @@ _SIZES = ("vocab_size", "hidden_size", "num_layers", "num_heads", "num_kv_heads"
           "mask_token_id", "eos_token_id", "pad_token_id", "head_dim", "max_seq", "block_size")
 # how a mixture-of-experts model's routed experts run in a graph (models/moe.py)
 MOE_FORMS = ("gather", "contrib")
+KV_IO = ("append", "new")     # what a graph's present outputs hold (DLLM.set_kv_io, export/graphs.py)
 _COUNTS = ("rotary_dim", "rope_original_max", "num_experts", "experts_per_token", "expert_size", "shared_expert_size", "dense_layers")
 
 

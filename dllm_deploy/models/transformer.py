@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .config import DLLMConfig
+from .config import KV_IO, DLLMConfig
 from . import rope
 from .moe import MOE_FORMS, MoE, SwiGLU
 
@@ -68,6 +68,7 @@ def reshape(x: torch.Tensor, *shape: int) -> torch.Tensor:
 
 class Attention(nn.Module):
     impl = "sdpa"  # or "eager"; set for the whole model by DLLM.set_attention()
+    kv_io = "append"  # or "new" (the eager graph's KV outputs); set for the whole model by DLLM.set_kv_io()
 
     def __init__(self, cfg: DLLMConfig):
         super().__init__()
@@ -151,13 +152,16 @@ class Attention(nn.Module):
         if qs is not None:                                                   # q (B,T,Hkv,R,D)
             q = q * qs[:, :, None, None, None].to(q.dtype)
         q = reshape(q.permute(0, 2, 3, 1, 4), 0, 0, -1, d)                  # (B,Hkv,R*T,D)
-        k = torch.cat([past_k, reshape(k, 0, -1, hkv, d).transpose(1, 2)], dim=2)   # (B,Hkv,S,D)
-        v = torch.cat([past_v, reshape(v, 0, -1, hkv, d).transpose(1, 2)], dim=2)
-        scores = torch.matmul(q, k.transpose(-1, -2))                        # (B,Hkv,R*T,S)
+        k = reshape(k, 0, -1, hkv, d).transpose(1, 2)                         # (B,Hkv,T,D)
+        v = reshape(v, 0, -1, hkv, d).transpose(1, 2)
+        keys, values = torch.cat([past_k, k], dim=2), torch.cat([past_v, v], dim=2)   # (B,Hkv,S,D)
+        scores = torch.matmul(q, keys.transpose(-1, -2))                     # (B,Hkv,R*T,S)
         scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min)
-        out = torch.matmul(torch.softmax(scores, dim=-1), v)                 # (B,Hkv,R*T,D)
+        out = torch.matmul(torch.softmax(scores, dim=-1), values)            # (B,Hkv,R*T,D)
         out = reshape(out, 0, 0, rep, -1, d).permute(0, 3, 1, 2, 4)          # (B,T,Hkv,R,D)
-        return self.o_proj(reshape(out, 0, -1, h * d)), k, v
+        if self.kv_io == "new":          # present: the new tokens' keys and values only
+            return self.o_proj(reshape(out, 0, -1, h * d)), k, v
+        return self.o_proj(reshape(out, 0, -1, h * d)), keys, values
 
 
 class MLP(SwiGLU):
@@ -217,6 +221,15 @@ class DLLM(nn.Module):
         for m in self.modules():
             if isinstance(m, SwiGLU):
                 m.fused = impl == "eager"
+        return self
+
+    def set_kv_io(self, mode: str) -> "DLLM":
+        """The eager graph's KV outputs: "append" (present = past + the new tokens' keys and values,
+        (B,Hkv,P+T,D)) or "new" (the new tokens' only, (B,Hkv,T,D): the runtime writes them into
+        its cache in place). The same function otherwise."""
+        assert mode in KV_IO, mode
+        for layer in self.model.layers:
+            layer.self_attn.kv_io = mode
         return self
 
     def set_moe_form(self, form: str) -> "DLLM":

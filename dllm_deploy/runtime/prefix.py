@@ -138,8 +138,8 @@ class PrefixState:
         int64: the base-rule step each branch's outputs serve (None: 0, a block-start call). A
         schema-1 artifact's excluded ids are demoted here, the one place engine results come back."""
         be, cache = self.backend, self.cache
-        if plan.cache != "reuse":
-            cache = be.new_cache(*plan.ids.shape)
+        if plan.cache != "reuse":   # a cache of this call's kept tokens (a scratch one keeps none)
+            cache = be.new_cache(len(plan.ids), plan.keep if isinstance(plan.keep, int) else 0)
             if plan.cache == "new":
                 self.cache = cache
         sampling = self._sampling_inputs(plan, steps)

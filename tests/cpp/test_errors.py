@@ -42,7 +42,8 @@ def bad_artifacts(tiny_artifact, tmp_path_factory):
     out = {"missing": root / "does-not-exist", "no-manifest": root / "empty"}
     out["no-manifest"].mkdir()
     out["corrupt"] = clone("corrupt", text=(good / "manifest.json").read_text()[:300])
-    out["schema"] = clone("schema", edit=lambda m: m.update(schema_version=5))
+    out["schema"] = clone("schema", edit=lambda m: m.update(schema_version=6))
+    out["kv-io"] = clone("kv-io", edit=lambda m: m.update(schema_version=5))     # schema 5 is kv_io "new"
     out["no-graphs"] = clone("no-graphs", edit=lambda m: m.pop("graphs"))
     out["hash"] = clone("hash")
     tampered = out["hash"] / "verify.onnx"
@@ -67,7 +68,8 @@ CASES = {
     "missing artifact": ("missing", [], "no such artifact folder", True),
     "no manifest": ("no-manifest", [], "not an artifact (no manifest.json)", True),
     "corrupt manifest": ("corrupt", [], "manifest.json: corrupt manifest (not JSON at line ", False),
-    "unknown schema": ("schema", [], "unknown schema_version 5", True),
+    "unknown schema": ("schema", [], "unknown schema_version 6", True),
+    "schema 5 without kv_io new": ("kv-io", [], "corrupt manifest (schema_version 5 with kv_io 'append')", True),
     "manifest without graphs": ("no-graphs", [], "corrupt manifest (no 'graphs')", True),
     "hash mismatch": ("hash", [], "verify.onnx: sha256 mismatch", True),
     "missing file": ("missing-file", [], "weights.bin: missing (listed in the manifest)", True),

@@ -116,7 +116,7 @@ def test_an_older_schema_is_refused_asking_for_a_re_export(argmax_models, tmp_pa
     m["schema_version"] = version
     (old / "manifest.json").write_text(json.dumps(m))
     with pytest.raises(UserError, match=rf"schema_version {version} was written by an older dllm-deploy; "
-                                        r"re-export the model \(this runtime reads 4; CHANGELOG.md\)"):
+                                        r"re-export the model \(this runtime reads 4, 5; CHANGELOG.md\)"):
         Runtime.load(artifact=str(old))
 
 
@@ -125,10 +125,10 @@ def test_an_unknown_schema_is_still_refused(argmax_models, tmp_path):
     from dllm_deploy.errors import UserError
     bad = shutil.copytree(argmax_models["llada-mask"][1], tmp_path / "bad")
     m = json.loads((bad / "manifest.json").read_text())
-    for version in (5, 0, True):
+    for version in (6, 0, True):
         m["schema_version"] = version
         (bad / "manifest.json").write_text(json.dumps(m))
-        with pytest.raises(UserError, match=r"unknown schema_version .* \(this runtime reads 4\)"):
+        with pytest.raises(UserError, match=r"unknown schema_version .* \(this runtime reads 4, 5\)"):
             read_manifest(bad)
 
 

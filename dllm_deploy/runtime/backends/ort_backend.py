@@ -4,7 +4,10 @@ Sessions per graph; execution providers and threads come from the profile (CPU h
 CUDA / TensorRT / OpenVINO options built from the same profile where those providers exist).
 Intra-op threads do not spin between calls (``session_threads``).
 The KV cache is one contiguous (B, Hkv, P, D) array per layer that ONNX Runtime reads in
-place: a verification step copies no KV; a commit replaces the arrays once per block.
+place: a verification step copies no KV; a commit replaces the arrays once per block (``OrtCache``,
+artifacts of kv_io "append"). An artifact of kv_io "new" returns only the new tokens' keys and
+values, and the cache is a (B, Hkv, capacity, D) buffer per layer that a commit writes in place
+(``OrtBufferCache``): no copy of the cached positions at any call.
 """
 from __future__ import annotations
 
@@ -87,6 +90,85 @@ class OrtCache:
         self.v = [np.concatenate([a, b]) for a, b in zip(self.v, other.v)]
 
 
+class OrtBufferCache:
+    """Per-layer KV in (B, Hkv, capacity, D) buffers, positions [0, length) written (kv_io "new"):
+    a commit writes its kept tokens' keys and values after them, in place. A call reads the
+    buffers whole, the mask leaving the unwritten positions out, or just the written part when
+    that is the whole buffer or nothing (then no position is read in vain). Past its capacity
+    the buffer grows by a quarter at least (the decode loop sizes it for the whole decode)."""
+
+    def __init__(self, shapes: list, batch: int, dtype, capacity: int):
+        self.k = [np.zeros((batch, hkv, capacity, d), dtype=dtype) for hkv, d in shapes]
+        self.v = [np.zeros((batch, hkv, capacity, d), dtype=dtype) for hkv, d in shapes]
+        self.length = 0
+
+    @property
+    def capacity(self) -> int:
+        return self.k[0].shape[2] if self.k else 0
+
+    def feeds(self, mask: np.ndarray) -> tuple[list, list, np.ndarray]:
+        """(keys, values to feed per layer, the mask over them): ``mask`` (B,1,T,P+T) over the
+        written positions, widened with unattended columns when the buffer is fed whole."""
+        p, cap = self.length, self.capacity
+        if p in (0, cap):
+            return [k[:, :, :p] for k in self.k], [v[:, :, :p] for v in self.v], mask
+        b, _, t, _ = mask.shape
+        wide = np.zeros((b, 1, t, cap + t), dtype=bool)
+        wide[..., :p], wide[..., cap:] = mask[..., :p], mask[..., p:]
+        return self.k, self.v, wide
+
+    def _grow_to(self, cap: int) -> None:
+        extra = cap - self.capacity
+        if extra > 0:
+            grow = lambda x: np.concatenate([x, np.zeros(x.shape[:2] + (extra,) + x.shape[3:], x.dtype)], axis=2)  # noqa: E731
+            self.k, self.v = [grow(k) for k in self.k], [grow(v) for v in self.v]
+
+    def _room(self, n: int) -> None:
+        if n > self.capacity:
+            self._grow_to(max(n, self.capacity + max(self.capacity // 4, 1)))
+
+    def write(self, new: list, idx: np.ndarray | None, keep: int) -> None:
+        """The kept new tokens' keys and values after the written positions: ``new`` a call's
+        present outputs (k0, v0, k1, ...) of (B,Hkv,T,D); ``idx`` (B,n) the kept tokens per row, or
+        None: the first ``keep``."""
+        n = keep if idx is None else idx.shape[1]
+        p = self.length
+        self._room(p + n)
+        at = None if idx is None else idx[:, None, :, None]
+        for i, (k, v) in enumerate(zip(self.k, self.v)):
+            nk, nv = new[2 * i], new[2 * i + 1]
+            k[:, :, p:p + n] = nk[:, :, :n] if at is None else np.take_along_axis(nk, at, axis=2)
+            v[:, :, p:p + n] = nv[:, :, :n] if at is None else np.take_along_axis(nv, at, axis=2)
+        self.length = p + n
+
+    def keep_rows(self, rows: np.ndarray) -> None:
+        rows = np.asarray(rows)
+        self.k, self.v = [k[rows] for k in self.k], [v[rows] for v in self.v]
+
+    def pad_left(self, n: int) -> None:
+        """n zero positions before the written ones (masked out: pads of a joining batch)."""
+        pad = lambda x: np.concatenate([np.zeros(x.shape[:2] + (n,) + x.shape[3:], x.dtype), x], axis=2)  # noqa: E731
+        self.k, self.v = [pad(k) for k in self.k], [pad(v) for v in self.v]
+        self.length += n
+
+    def truncate(self, n: int) -> None:
+        """Only the first n written positions stay (the rest are written over later)."""
+        self.length = min(n, self.length)
+
+    def drop_left(self, n: int) -> None:
+        self.k = [np.ascontiguousarray(k[:, :, n:]) for k in self.k]
+        self.v = [np.ascontiguousarray(v[:, :, n:]) for v in self.v]
+        self.length -= n
+
+    def add_rows(self, other: "OrtBufferCache") -> None:
+        """``other``'s rows after these (the same length; the larger capacity)."""
+        cap = max(self.capacity, other.capacity)
+        self._grow_to(cap)
+        other._grow_to(cap)
+        self.k = [np.concatenate([a, b]) for a, b in zip(self.k, other.k)]
+        self.v = [np.concatenate([a, b]) for a, b in zip(self.v, other.v)]
+
+
 class OrtBackend:
     name = "ort"
     joins_batches = True        # its cache pads and stacks: rows may join a running batch (loop.joins)
@@ -121,12 +203,15 @@ class OrtBackend:
         self.names = manifest["graphs"]
         self.past_names = [n for n in self.names["prefill"]["inputs"] if n.startswith("past_key_values.")]
         self.kv_shapes = [tuple(x) for x in manifest["kv_shapes"]]
+        self.kv_io = manifest.get("kv_io", "append")
         self.sample_pool = sample_pool(manifest)
         # the decode loop never needs prefill's full logits (B,T,V): not fetching them lets ONNX
         # Runtime free them as an intermediate instead of returning T*V floats per call
         self.prefill_fetch = [n for n in self.names["prefill"]["outputs"] if n != "logits"]
 
-    def new_cache(self, batch: int, capacity: int) -> OrtCache:
+    def new_cache(self, batch: int, capacity: int) -> OrtCache | OrtBufferCache:
+        if self.kv_io == "new":
+            return OrtBufferCache(self.kv_shapes, batch, self.kv_dtype, capacity)
         return OrtCache(self.kv_shapes, batch, self.kv_dtype)
 
     def run(self, role: str, feeds: dict, fetch: list[str] | None = None) -> list:
@@ -134,10 +219,15 @@ class OrtBackend:
         return self.sessions[role].run(fetch, feeds)
 
     def _feeds(self, cache, ids, pos, mask, sampling=None):
+        if isinstance(cache, OrtBufferCache):
+            ks, vs, mask = cache.feeds(mask)
+            past = zip(ks, vs)
+        else:
+            past = cache.past()
         feeds = {"input_ids": np.ascontiguousarray(ids, dtype=np.int64),
                  "position_ids": np.ascontiguousarray(pos, dtype=np.int64),
                  "attention_mask": np.ascontiguousarray(mask, dtype=bool)}
-        for i, (k, v) in enumerate(cache.past()):
+        for i, (k, v) in enumerate(past):
             feeds[self.past_names[2 * i]] = k
             feeds[self.past_names[2 * i + 1]] = v
         feeds.update(sampling_feeds(sampling, *ids.shape))
@@ -147,12 +237,16 @@ class OrtBackend:
         outs = self.run("prefill", self._feeds(cache, ids, pos, mask, sampling), self.prefill_fetch)
         top_i, top_p = outs[0], outs[1]
         idx = kept_tokens(keep, top_i, top_p)
+        if isinstance(cache, OrtBufferCache):
+            cache.write(outs[2:], idx, keep)
+            return top_i, top_p.astype(np.float32, copy=False)
         if idx is not None:                      # rows keep the KV of chosen new tokens
             p = cache.length
             at = np.concatenate([np.broadcast_to(np.arange(p), (len(idx), p)), idx + p], axis=1)[:, None, :, None]
             for i in range(len(self.kv_shapes)):
-                cache.k[i] = np.take_along_axis(outs[2 + 2 * i], at, axis=2)
-                cache.v[i] = np.take_along_axis(outs[3 + 2 * i], at, axis=2)
+                # take_along_axis returns a strided array; ONNX Runtime would copy it on every later call
+                cache.k[i] = np.ascontiguousarray(np.take_along_axis(outs[2 + 2 * i], at, axis=2))
+                cache.v[i] = np.ascontiguousarray(np.take_along_axis(outs[3 + 2 * i], at, axis=2))
             cache.length += idx.shape[1]
             return top_i, top_p.astype(np.float32, copy=False)
         end = cache.length + keep
