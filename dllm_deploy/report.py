@@ -210,6 +210,17 @@ def load_peers(paths: list[str]) -> list[tuple[str, dict]]:
     return out
 
 
+def _identity(ident: dict) -> str:
+    """A peer run's token identity check in words (run_llama_cpp.py's ``identity``)."""
+    head = f"{ident.get('schedule', 'same schedule')}: "
+    if ident.get("identical_text"):
+        return head + "the same text from both engines"
+    where = ident.get("first_difference_token")
+    m = ident.get("our_margin_there") or {}
+    return head + (f"the texts part at generated token {where}" if where is not None else "the texts differ") + (
+        f", where our top-1 leads the top-2 by {m['margin']:.2g} (top-1 {m['top1']:.4f})" if "margin" in m else "")
+
+
 def _peers_setup(d: dict) -> str:
     keys = (("prompt_tokens", "prompt {} tokens"), ("gen_length", "{} generated"), ("block_length", "blocks of {}"),
             ("threads", "{} threads"))
@@ -260,6 +271,9 @@ def _peers_section(peers: list[tuple[str, dict]], plot: Path | None, doc_path) -
                          f"| {r['tokens_per_s']:.2f} | {first['ms_per_forward'] / r['ms_per_forward']:.2f}x "
                          f"| {r['tokens_per_s'] / first['tokens_per_s']:.2f}x |")
     lines.append("")
+    lines += [f"- `{source}`, {_identity(d['identity'])}" for source, d in peers if isinstance(d.get("identity"), dict)]
+    if any(isinstance(d.get("identity"), dict) for _, d in peers):
+        lines.append("")
     if plot:
         lines += [f"![peers]({os.path.relpath(plot, Path(doc_path).parent if doc_path else Path('.'))})", ""]
     return lines

@@ -158,6 +158,13 @@ def test_report_adds_the_peers_table_and_plot(tmp_path, capsys):
             assert (f"| {r['engine']} | {r['forwards']} | {r['ms_per_forward']:.1f} | {r['tokens_per_s']:.2f} "
                     f"| {rows[0]['ms_per_forward'] / r['ms_per_forward']:.2f}x "
                     f"| {r['tokens_per_s'] / rows[0]['tokens_per_s']:.2f}x |") in text
+        ident = json.loads(path.read_text()).get("identity")
+        if ident:       # the token identity check, in words: identical, or where the texts part and our margin there
+            line = next(x for x in text.splitlines() if x.startswith(f"- `{path}`"))
+            assert ("the same text from both engines" in line) == ident["identical_text"]
+            if not ident["identical_text"]:
+                assert f"token {ident['first_difference_token']}, " in line
+                assert f"by {ident['our_margin_there']['margin']:.2g} " in line
     capsys.readouterr()
     (tmp_path / "bad.json").write_text('{"rows": [{"engine": "x"}]}')
     assert main(["report", str(root / "benchmarks" / "bench.json"), "--peers", str(tmp_path / "bad.json")]) == 2

@@ -14,6 +14,10 @@ is empty and its steps run forwards on a finished canvas: 160 forwards for 128 t
 reported: ms per forward (like for like) and tokens/s (what a user waits). On this bidirectional
 layout no faster configuration of ours returns the same tokens as this one: the prefix and dual
 caches approximate the attention, and SPD's tree verification needs one of them here.
+
+Then the token identity check (``identity``): each block filled in one step on both engines, where
+the commit order cannot differ; the texts compared, and where they part, our top-1 / top-2
+margin at the first differing token (a near-tie of two f32 engines, or not).
 """
 from __future__ import annotations
 
@@ -27,6 +31,8 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
+
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
@@ -35,9 +41,10 @@ BOS = "<|startoftext|>"
 GEN, BLOCK, THREADS = 128, 32, 2
 
 
-def llama_once(binary: str, gguf: str, n_prompt: int) -> dict:
+def llama_once(binary: str, gguf: str, n_prompt: int, per_block: int = BLOCK) -> dict:
+    """One run; ``per_block``: steps per block (BLOCK: one token a step; 1: a block in one step)."""
     total = n_prompt + GEN
-    steps = (total // BLOCK) * BLOCK              # one token per step in every generated block
+    steps = (total // BLOCK) * per_block
     cmd = [binary, "-m", gguf, "-p", PROMPT, "-ub", str(total), "-c", str(total), "-b", str(total),
            "--diffusion-block-length", str(BLOCK), "--diffusion-steps", str(steps), "--diffusion-algorithm", "4",
            "--temp", "0", "--top-k", "1", "--seed", "0", "-t", str(THREADS)]
@@ -59,6 +66,67 @@ def ours_once(rt, **decode) -> dict:
     wall = time.perf_counter() - t0
     return {"decode_s": wall, "ms_per_forward": 1000 * wall / r.forwards, "forwards": r.forwards,
             "tokens": r.tokens, "text": r.text, "ids": list(r.token_ids)}
+
+
+def margin_at(rt, prompt_ids: list[int], gen_ids: list[int], i: int) -> dict:
+    """Our top-1 minus top-2 probability at generated position ``i`` in the forward that filled its
+    block in one step: the prompt and the blocks before i's, masks from its block on (no cache)."""
+    c = rt.backend.config
+    start = i // BLOCK * BLOCK
+    ids = np.array([prompt_ids + gen_ids[:start] + [c.mask_token_id] * (GEN - start)], dtype=np.int64)
+    n = ids.shape[1]
+    logits = rt.backend.logits(rt.backend.new_cache(1, 0), ids, np.arange(n)[None], np.ones((1, 1, n, n), dtype=bool))
+    z = logits[0, len(prompt_ids) + i].astype(np.float64)
+    prob = np.exp(z - z.max())
+    prob /= prob.sum()
+    top = np.sort(prob)[::-1]
+    return {"position": i, "top1": float(top[0]), "top2": float(top[1]), "margin": float(top[0] - top[1])}
+
+
+def llama_clean(text: str) -> str:
+    """llama.cpp's detokenizer cleanup for this tokenizer (src/llama-vocab.cpp, token_to_piece's
+    clean_spaces, on for the GPT-2 pre-tokenizer the checkpoint declares): a space before ? ! . ,
+    goes, a lone apostrophe between spaces loses both, a space before 's 'm 're 've goes. The same
+    tokens read as the same text only after it."""
+    out = text[:1]
+    for i in range(1, len(text)):                         # pass 1
+        if text[i - 1] == " " and text[i] in "?!.,":
+            out = out[:-1]
+        out += text[i]
+    text, out, i = out, out[:1], 1
+    while i < len(text):                                  # pass 2
+        if text[i] == "'" and i + 1 < len(text) and text[i - 1] == " " and text[i + 1] == " ":
+            out, i = out[:-1] + "'", i + 2
+            continue
+        out += text[i]
+        i += 1
+    text, out = out, out[:1]
+    for i in range(1, len(text)):                         # pass 3
+        nxt = text[i + 1:i + 3]
+        if text[i - 1] == " " and text[i] == "'" and (nxt[:1] in ("s", "m") and nxt or nxt in ("re", "ve")):
+            out = out[:-1]
+        out += text[i]
+    return out
+
+
+def identity(rt, a, n_prompt: int) -> dict:
+    """The same algorithm on both: each block filled in one step (k = L), so the commit order cannot
+    differ; the texts compared (ours read as llama.cpp's detokenizer writes it), and where they
+    part our margin at the first differing token."""
+    mine = ours_once(rt, strategy="vanilla", tokens_per_step=BLOCK)
+    theirs = llama_once(a.llama, a.gguf, n_prompt, per_block=1)
+    ours = llama_clean(mine["text"])
+    out = {"schedule": "one step per block (vanilla k = block length), greedy, no cache",
+           "dllm_deploy_text": mine["text"], "llama_cpp_text": theirs["text"],
+           "identical_text": ours == theirs["text"],
+           "first_difference_character": first_difference(ours, theirs["text"])}
+    if not out["identical_text"]:     # our token holding that character (re-encoding their text need not give their ids)
+        ids, at = mine["ids"], out["first_difference_character"]
+        i = next((j for j in range(len(ids)) if len(llama_clean(rt.tokenizer.decode(ids[:j + 1]))) > at), len(ids))
+        out["first_difference_token"] = i
+        if i < len(ids):
+            out["our_margin_there"] = margin_at(rt, rt.tokenizer.encode(BOS + PROMPT), ids, i)
+    return out
 
 
 def first_difference(a: str, b: str) -> int | None:
@@ -96,7 +164,8 @@ def main() -> int:
                      "tokens_per_s": GEN / decode, "text": rs[0]["text"],
                      "first_difference_vs_llama_cpp": first_difference(rs[0]["text"], ref),
                      "repeats": [r["decode_s"] for r in rs]})
-    out = {"prompt_tokens": n_prompt, "gen_length": GEN, "block_length": BLOCK, "threads": THREADS, "rows": rows}
+    out = {"prompt_tokens": n_prompt, "gen_length": GEN, "block_length": BLOCK, "threads": THREADS, "rows": rows,
+           "identity": identity(rt, a, n_prompt)}
     Path(a.json).write_text(json.dumps(out, indent=2) + "\n")
     print("| engine | forwards | ms / forward | decode s | tokens/s | text equal to llama.cpp's |")
     print("|---|---|---|---|---|---|")
@@ -105,6 +174,10 @@ def main() -> int:
         same = "yes" if d is None else f"no (first difference at character {d})"
         print(f"| {r['engine']} | {r['forwards']} | {r['ms_per_forward']:.1f} | {r['decode_s']:.2f} | "
               f"{r['tokens_per_s']:.1f} | {same} |")
+    ident = out["identity"]
+    print(f"one step per block: texts {'identical' if ident['identical_text'] else 'differ'}"
+          + ("" if ident["identical_text"] else f" from token {ident['first_difference_token']} "
+             f"(our margin there {ident.get('our_margin_there', {}).get('margin')})"))
     return 0
 
 
