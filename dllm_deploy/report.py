@@ -271,9 +271,10 @@ def _peers_section(peers: list[tuple[str, dict]], plot: Path | None, doc_path) -
                          f"| {r['tokens_per_s']:.2f} | {first['ms_per_forward'] / r['ms_per_forward']:.2f}x "
                          f"| {r['tokens_per_s'] / first['tokens_per_s']:.2f}x |")
     lines.append("")
-    lines += [f"- `{source}`, {_identity(d['identity'])}" for source, d in peers if isinstance(d.get("identity"), dict)]
-    if any(isinstance(d.get("identity"), dict) for _, d in peers):
-        lines.append("")
+    notes = [f"- `{source}`, {_identity(d['identity'])}" for source, d in peers if isinstance(d.get("identity"), dict)]
+    notes += [f"- `{source}`: {engine} did not run ({why})" for source, d in peers
+              if isinstance(d.get("failed"), dict) for engine, why in d["failed"].items()]
+    lines += notes + ([""] if notes else [])
     if plot:
         lines += [f"![peers]({os.path.relpath(plot, Path(doc_path).parent if doc_path else Path('.'))})", ""]
     return lines

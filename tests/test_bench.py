@@ -165,6 +165,8 @@ def test_report_adds_the_peers_table_and_plot(tmp_path, capsys):
             if not ident["identical_text"]:
                 assert f"token {ident['first_difference_token']}, " in line
                 assert f"by {ident['our_margin_there']['margin']:.2g} " in line
+        for engine, why in json.loads(path.read_text()).get("failed", {}).items():     # a peer that crashed: said
+            assert f"- `{path}`: {engine} did not run ({why})" in text
     capsys.readouterr()
     (tmp_path / "bad.json").write_text('{"rows": [{"engine": "x"}]}')
     assert main(["report", str(root / "benchmarks" / "bench.json"), "--peers", str(tmp_path / "bad.json")]) == 2

@@ -141,6 +141,9 @@ def main() -> int:
     ap.add_argument("--artifact", required=True)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--json", required=True)
+    ap.add_argument("--also-gguf", action="append", default=[], metavar="TYPE=FILE",
+                    help="another llama.cpp precision of the checkpoint (f16=ckpt-f16.gguf), run in the same interleave")
+    ap.add_argument("--precisions", default="", help="our other precisions of the artifact in the same interleave (fp16,int8,int4)")
     a = ap.parse_args()
     os.environ.setdefault("OMP_NUM_THREADS", str(THREADS))
     from dllm_deploy.runtime.api import Runtime
@@ -148,13 +151,27 @@ def main() -> int:
     n_prompt = len(rt.tokenizer.encode(BOS + PROMPT))
     if n_prompt % BLOCK:
         raise SystemExit(f"the prompt is {n_prompt} tokens; llama.cpp's schedule needs a multiple of {BLOCK}")
-    configs = {"llama.cpp f32": lambda: llama_once(a.llama, a.gguf, n_prompt),
-               "dllm-deploy ORT fp32 vanilla": lambda: ours_once(rt, strategy="vanilla")}
+    configs = {"llama.cpp f32": lambda: llama_once(a.llama, a.gguf, n_prompt)}
+    for item in a.also_gguf:
+        kind, path = item.split("=", 1)
+        configs[f"llama.cpp {kind}"] = lambda path=path: llama_once(a.llama, path, n_prompt)
+    configs["dllm-deploy ORT fp32 vanilla"] = lambda: ours_once(rt, strategy="vanilla")
+    for prec in filter(None, a.precisions.split(",")):
+        other = Runtime.load(artifact=a.artifact, threads=THREADS, precision=prec)
+        ours_once(other, strategy="vanilla")                         # warm-up
+        configs[f"dllm-deploy ORT {prec} vanilla"] = lambda other=other: ours_once(other, strategy="vanilla")
     runs: dict[str, list] = {k: [] for k in configs}
+    failed: dict[str, str] = {}
     ours_once(rt, strategy="vanilla")                               # warm-up (ORT's first run)
     for _ in range(a.repeats):                                      # interleaved: load changes hit all alike
         for name, fn in configs.items():
-            runs[name].append(fn())
+            if name in failed:
+                continue
+            try:
+                runs[name].append(fn())
+            except SystemExit as e:                                 # a peer that crashes: recorded, not fatal
+                failed[name] = str(e).splitlines()[0]
+    runs = {k: v for k, v in runs.items() if k not in failed}
     rows = []
     ref = runs["llama.cpp f32"][0]["text"]
     for name, rs in runs.items():
@@ -165,7 +182,7 @@ def main() -> int:
                      "first_difference_vs_llama_cpp": first_difference(rs[0]["text"], ref),
                      "repeats": [r["decode_s"] for r in rs]})
     out = {"prompt_tokens": n_prompt, "gen_length": GEN, "block_length": BLOCK, "threads": THREADS, "rows": rows,
-           "identity": identity(rt, a, n_prompt)}
+           "failed": failed, "identity": identity(rt, a, n_prompt)}
     Path(a.json).write_text(json.dumps(out, indent=2) + "\n")
     print("| engine | forwards | ms / forward | decode s | tokens/s | text equal to llama.cpp's |")
     print("|---|---|---|---|---|---|")
@@ -174,6 +191,8 @@ def main() -> int:
         same = "yes" if d is None else f"no (first difference at character {d})"
         print(f"| {r['engine']} | {r['forwards']} | {r['ms_per_forward']:.1f} | {r['decode_s']:.2f} | "
               f"{r['tokens_per_s']:.1f} | {same} |")
+    for name, why in failed.items():
+        print(f"{name}: failed ({why})")
     ident = out["identity"]
     print(f"one step per block: texts {'identical' if ident['identical_text'] else 'differ'}"
           + ("" if ident["identical_text"] else f" from token {ident['first_difference_token']} "
