@@ -23,29 +23,12 @@ SHAPES = [(2, 8), (1, 4)]          # (Hkv, D) of two layers
 
 def _present(cache: OrtCache, new: list) -> list:
     """What an appending graph returns: each layer's past joined with the new tokens'."""
-    return [np.concatenate([old, n], axis=2) for old, n in zip([x for kv in cache.past() for x in kv], new)]
-
-
-def _append_write(cache: OrtCache, new: list, idx, keep: int) -> None:
-    """OrtBackend.prefill's appending path over ``new`` (k0, v0, ...) of (B,Hkv,T,D)."""
-    present, p = _present(cache, new), cache.length
-    for i in range(len(cache.k)):
-        k, v = present[2 * i], present[2 * i + 1]
-        if idx is None:
-            cache.k[i], cache.v[i] = np.ascontiguousarray(k[:, :, :p + keep]), np.ascontiguousarray(v[:, :, :p + keep])
-        else:
-            at = np.concatenate([np.broadcast_to(np.arange(p), (len(idx), p)), idx + p], axis=1)[:, None, :, None]
-            cache.k[i] = np.ascontiguousarray(np.take_along_axis(k, at, 2))
-            cache.v[i] = np.ascontiguousarray(np.take_along_axis(v, at, 2))
-    cache.length = p + (keep if idx is None else idx.shape[1])
+    return [np.concatenate([old, n], axis=2) for old, n in zip([x for kv in zip(cache.k, cache.v) for x in kv], new)]
 
 
 def _seen(cache, mask):
     """Per layer (keys, values) a call reads where ``mask`` (B,1,T,P+T) allows, as the graph gets them."""
-    if isinstance(cache, OrtBufferCache):
-        ks, vs, mask = cache.feeds(mask)
-    else:
-        ks, vs = [k for k, _ in cache.past()], [v for _, v in cache.past()]
+    ks, vs, mask = cache.feeds(mask)
     p = mask.shape[-1] - mask.shape[2]
     assert all(k.shape[2] == p and k.flags.c_contiguous for k in ks + vs)
     cols = mask[:, 0, 0, :p]                                   # (B,P): the cache columns the first token attends
@@ -75,7 +58,7 @@ def test_buffer_cache_shows_what_the_appending_cache_shows(ops, capacity, seed):
             keep = min(keep, t)
             new = [rng.standard_normal((rows, h, t, d)).astype(np.float32) for h, d in SHAPES for _ in "kv"]
             idx = np.sort(rng.permuted(np.tile(np.arange(t), (rows, 1)), axis=1)[:, :keep], axis=1) if chosen else None
-            _append_write(a, new, idx, keep)
+            a.write(_present(a, new), idx, keep)
             b.write(new, idx, keep)
             valid = np.concatenate([valid, np.ones((rows, keep), dtype=bool)], axis=1)
         elif op[0] == "keep_rows" and rows > 1:

@@ -49,6 +49,12 @@ def session_threads(so, threads: int | None) -> None:
     so.add_session_config_entry("session.intra_op.allow_spinning", "0")
 
 
+def _zeros_beside(x: np.ndarray, n: int, left: bool) -> np.ndarray:
+    """``x`` (B,Hkv,P,D) with n zero positions before (``left``) or after it."""
+    z = np.zeros(x.shape[:2] + (n,) + x.shape[3:], x.dtype)
+    return np.concatenate([z, x] if left else [x, z], axis=2)
+
+
 class OrtCache:
     """Per-layer KV as contiguous (B, Hkv, P, D) arrays (Hkv, D: the layer's, from the manifest's
     kv_shapes): ONNX Runtime reads them in place (no copy per verification step); a commit replaces
@@ -59,8 +65,24 @@ class OrtCache:
         self.v = list(self.k)
         self.length = 0
 
-    def past(self):
-        return list(zip(self.k, self.v))
+    def feeds(self, mask: np.ndarray) -> tuple[list, list, np.ndarray]:
+        """(keys, values to feed per layer, the mask over them): the arrays as they are."""
+        return self.k, self.v, mask
+
+    def write(self, present: list, idx: np.ndarray | None, keep: int) -> None:
+        """A prefill's ``present`` (k0, v0, k1, ...) of (B,Hkv,P+T,D) becomes the cache: its first
+        P + ``keep`` positions, or the P cached and the new tokens ``idx`` (B,n) per row."""
+        p = self.length
+        if idx is not None:                      # rows keep the KV of chosen new tokens
+            at = np.concatenate([np.broadcast_to(np.arange(p), (len(idx), p)), idx + p], axis=1)[:, None, :, None]
+            # take_along_axis returns a strided array; ONNX Runtime would copy it on every later call
+            kept = lambda x: np.ascontiguousarray(np.take_along_axis(x, at, axis=2))  # noqa: E731
+            self.length = p + idx.shape[1]
+        else:
+            end = p + keep
+            kept = lambda x: x if x.shape[2] == end else np.ascontiguousarray(x[:, :, :end])  # noqa: E731
+            self.length = end
+        self.k, self.v = [kept(k) for k in present[0::2]], [kept(v) for v in present[1::2]]
 
     def keep_rows(self, rows: np.ndarray) -> None:
         rows = np.asarray(rows)
@@ -69,8 +91,7 @@ class OrtCache:
 
     def pad_left(self, n: int) -> None:
         """n zero positions before the cached ones (masked out: pads of a joining batch)."""
-        pad = lambda x: np.concatenate([np.zeros(x.shape[:2] + (n,) + x.shape[3:], x.dtype), x], axis=2)  # noqa: E731
-        self.k, self.v = [pad(k) for k in self.k], [pad(v) for v in self.v]
+        self.k, self.v = [_zeros_beside(k, n, True) for k in self.k], [_zeros_beside(v, n, True) for v in self.v]
         self.length += n
 
     def truncate(self, n: int) -> None:
@@ -120,8 +141,8 @@ class OrtBufferCache:
     def _grow_to(self, cap: int) -> None:
         extra = cap - self.capacity
         if extra > 0:
-            grow = lambda x: np.concatenate([x, np.zeros(x.shape[:2] + (extra,) + x.shape[3:], x.dtype)], axis=2)  # noqa: E731
-            self.k, self.v = [grow(k) for k in self.k], [grow(v) for v in self.v]
+            self.k = [_zeros_beside(k, extra, False) for k in self.k]
+            self.v = [_zeros_beside(v, extra, False) for v in self.v]
 
     def _room(self, n: int) -> None:
         if n > self.capacity:
@@ -147,8 +168,7 @@ class OrtBufferCache:
 
     def pad_left(self, n: int) -> None:
         """n zero positions before the written ones (masked out: pads of a joining batch)."""
-        pad = lambda x: np.concatenate([np.zeros(x.shape[:2] + (n,) + x.shape[3:], x.dtype), x], axis=2)  # noqa: E731
-        self.k, self.v = [pad(k) for k in self.k], [pad(v) for v in self.v]
+        self.k, self.v = [_zeros_beside(k, n, True) for k in self.k], [_zeros_beside(v, n, True) for v in self.v]
         self.length += n
 
     def truncate(self, n: int) -> None:
@@ -219,15 +239,11 @@ class OrtBackend:
         return self.sessions[role].run(fetch, feeds)
 
     def _feeds(self, cache, ids, pos, mask, sampling=None):
-        if isinstance(cache, OrtBufferCache):
-            ks, vs, mask = cache.feeds(mask)
-            past = zip(ks, vs)
-        else:
-            past = cache.past()
+        ks, vs, mask = cache.feeds(mask)
         feeds = {"input_ids": np.ascontiguousarray(ids, dtype=np.int64),
                  "position_ids": np.ascontiguousarray(pos, dtype=np.int64),
                  "attention_mask": np.ascontiguousarray(mask, dtype=bool)}
-        for i, (k, v) in enumerate(past):
+        for i, (k, v) in enumerate(zip(ks, vs)):
             feeds[self.past_names[2 * i]] = k
             feeds[self.past_names[2 * i + 1]] = v
         feeds.update(sampling_feeds(sampling, *ids.shape))
@@ -236,26 +252,7 @@ class OrtBackend:
     def prefill(self, cache, ids, pos, mask, keep: int, sampling=None):
         outs = self.run("prefill", self._feeds(cache, ids, pos, mask, sampling), self.prefill_fetch)
         top_i, top_p = outs[0], outs[1]
-        idx = kept_tokens(keep, top_i, top_p)
-        if isinstance(cache, OrtBufferCache):
-            cache.write(outs[2:], idx, keep)
-            return top_i, top_p.astype(np.float32, copy=False)
-        if idx is not None:                      # rows keep the KV of chosen new tokens
-            p = cache.length
-            at = np.concatenate([np.broadcast_to(np.arange(p), (len(idx), p)), idx + p], axis=1)[:, None, :, None]
-            for i in range(len(self.kv_shapes)):
-                # take_along_axis returns a strided array; ONNX Runtime would copy it on every later call
-                cache.k[i] = np.ascontiguousarray(np.take_along_axis(outs[2 + 2 * i], at, axis=2))
-                cache.v[i] = np.ascontiguousarray(np.take_along_axis(outs[3 + 2 * i], at, axis=2))
-            cache.length += idx.shape[1]
-            return top_i, top_p.astype(np.float32, copy=False)
-        end = cache.length + keep
-        full = outs[2].shape[2] == end
-        for i in range(len(self.kv_shapes)):
-            k, v = outs[2 + 2 * i], outs[3 + 2 * i]
-            cache.k[i] = k if full else np.ascontiguousarray(k[:, :, :end])
-            cache.v[i] = v if full else np.ascontiguousarray(v[:, :, :end])
-        cache.length = end
+        cache.write(outs[2:], kept_tokens(keep, top_i, top_p), keep)
         return top_i, top_p.astype(np.float32, copy=False)
 
     def logits(self, cache, ids, pos, mask) -> np.ndarray:
