@@ -8,6 +8,7 @@ import json
 import pytest
 
 from dllm_deploy import bench, cli
+from dllm_deploy.cli.common import decode_kwargs
 from dllm_deploy.decode_rules import (DECLARATION, OPTIONS, PROFILE_DEFAULT_KEYS, PROFILE_KEYS, RUNTIME_OPTIONS,
                                       Option, option_error, problem)
 from dllm_deploy.errors import OptionError
@@ -104,7 +105,7 @@ def test_cli_flags_are_the_declaration():
                 assert flags[o.flag].dest == o.name and flags[o.flag].default is None
                 assert flags[o.flag].help == o.help_text(profiles=True)
     a = parser.parse_args(["generate", "--prompt", "x", "--beam-width", "8", "--draft-tau", "0.5"])
-    kw = cli._decode_kwargs(a)
+    kw = decode_kwargs(a)
     assert set(kw) == {o.name for o in OPTIONS.values() if o.runtime and o.flag}
     assert kw["beam_width"] == 8 and kw["draft_tau"] == 0.5 and kw["strategy"] is None
 

@@ -114,7 +114,7 @@ def test_the_layout_section_names_the_tree():
         have = {p.name + "/" for p in path.iterdir()                # a folder with its own entry counts as named
                 if p.is_dir() and p.name != "__pycache__" and f"{folder}{p.name}/" not in layout}
         if folder.startswith("dllm_deploy/"):
-            have |= {p.stem for p in path.glob("*.py") if p.name != "__init__.py"}
+            have |= {p.stem for p in path.glob("*.py") if not p.name.startswith("__")}
         assert have <= names, (folder, sorted(have - names))
     package = {str(p.relative_to(REPO)) + "/" for p in (REPO / "dllm_deploy").rglob("*")
                if p.is_dir() and p.name != "__pycache__" and any(p.glob("*.py"))}

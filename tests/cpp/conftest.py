@@ -1,6 +1,7 @@
 """Fixtures for the C++ embedding: the release and AddressSanitizer builds, run helpers."""
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import subprocess
@@ -16,14 +17,21 @@ BUILD_SCRIPT = REPO / "cpp" / "scripts" / "build.sh"
 
 
 
+BUILD_DIRS = {"release": "cpp", "asan": "cpp-asan", "aarch64": "cpp-aarch64"}
+
+
 def _build(kind: str, *targets: str) -> Path:
-    """cpp/scripts/build.sh (idempotent: a no-op when up to date, as after `make cpp`)."""
+    """cpp/scripts/build.sh (idempotent: a no-op when up to date, as after `make cpp`), one build at a
+    time across the test processes (pytest-xdist workers share build/)."""
     env = dict(os.environ, PYTHON=sys.executable)
-    r = subprocess.run(["bash", str(BUILD_SCRIPT), kind, *targets], check=False, capture_output=True, text=True,
-                       env=env, cwd=REPO)
+    (REPO / "build").mkdir(exist_ok=True)
+    with open(REPO / "build" / f".{BUILD_DIRS[kind]}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        r = subprocess.run(["bash", str(BUILD_SCRIPT), kind, *targets], check=False, capture_output=True, text=True,
+                           env=env, cwd=REPO)
     if r.returncode:
         pytest.fail(f"C++ build ({kind}) failed:\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}")
-    return REPO / "build" / ("cpp" if kind == "release" else "cpp-asan")
+    return REPO / "build" / BUILD_DIRS[kind]
 
 
 @pytest.fixture(scope="session")

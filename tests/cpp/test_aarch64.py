@@ -16,7 +16,7 @@ import sys
 import numpy as np
 import pytest
 
-from .conftest import BUILD_SCRIPT, REPO
+from .conftest import REPO, _build
 from .test_graph_run import _inputs
 from .test_tokenizer_cpp import hf_artifact  # noqa: F401  (the fixture: a trained BPE beside a random checkpoint)
 
@@ -37,10 +37,7 @@ def _missing() -> str | None:
 def arm_build(cpp_build):
     if (why := _missing()):
         pytest.skip(why)
-    r = subprocess.run(["bash", str(BUILD_SCRIPT), "aarch64"], capture_output=True, text=True, cwd=REPO,
-                       env=dict(os.environ, PYTHON=sys.executable))
-    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
-    return REPO / "build" / "cpp-aarch64"
+    return _build("aarch64")
 
 
 def _emulated(build, program: str, *args: str) -> subprocess.CompletedProcess:

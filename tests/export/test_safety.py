@@ -15,7 +15,8 @@ import pytest
 import yaml
 
 from dllm_deploy.artifact import fsio, read_manifest
-from dllm_deploy.cli import _write_yaml, main
+from dllm_deploy.cli import main
+from dllm_deploy.cli.common import write_yaml
 from dllm_deploy.errors import UserError
 from dllm_deploy.export.engines import check_engine_targets
 from dllm_deploy.export.exporter import export
@@ -272,14 +273,14 @@ def test_tune_overlay_replaces_only_an_overlay_it_wrote(tmp_path, capsys):
     foreign = tmp_path / "mine.yaml"
     foreign.write_text("name: mine\nbackends: [ort]\n")
     with pytest.raises(UserError, match="not a profile overlay written by bench --tune"):
-        _write_yaml(foreign, {"name": "x-tuned", "tuned": {"pick": "a"}})
+        write_yaml(foreign, {"name": "x-tuned", "tuned": {"pick": "a"}})
     assert foreign.read_text() == "name: mine\nbackends: [ort]\n"
     # refused before any measuring (the artifact is not even looked at)
     assert main(["bench", "--artifact", str(tmp_path / "nowhere"), "--tune", "--tune-out", str(foreign)]) == 2
     assert str(foreign) in one_error_line(capsys.readouterr().err)
     ours = tmp_path / "x-tuned.yaml"
-    _write_yaml(ours, {"name": "x-tuned", "tuned": {"pick": "a"}})
-    _write_yaml(ours, {"name": "x-tuned", "tuned": {"pick": "b"}})
+    write_yaml(ours, {"name": "x-tuned", "tuned": {"pick": "a"}})
+    write_yaml(ours, {"name": "x-tuned", "tuned": {"pick": "b"}})
     assert yaml.safe_load(ours.read_text())["tuned"]["pick"] == "b"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["mine.yaml", "x-tuned.yaml"]
 
