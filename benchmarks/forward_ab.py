@@ -21,7 +21,7 @@ SHAPES = [(1, 32, 128), (1, 128, 128), (8, 32, 128), (1, 32, 32)]
 def session(art: str, threads: int):
     import onnxruntime as ort
     from dllm_deploy.artifact import read_manifest
-    from dllm_deploy.runtime.backends.ort_backend import session_threads
+    from dllm_deploy.runtime.backends.ort import session_threads
     m = read_manifest(art, verify=False)
     so = ort.SessionOptions()
     session_threads(so, threads)

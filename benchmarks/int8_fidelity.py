@@ -41,7 +41,7 @@ def forward_ms(variants: dict, rounds: int = 30) -> dict:
     import onnxruntime as ort
 
     from forward_ab import feeds
-    from dllm_deploy.runtime.backends.ort_backend import session_threads
+    from dllm_deploy.runtime.backends.ort import session_threads
     sessions = {}
     for name, path in variants.items():
         so = ort.SessionOptions()

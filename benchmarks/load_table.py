@@ -9,7 +9,7 @@ import json
 import sys
 from pathlib import Path
 
-from dllm_deploy.report import SERVERS, load_rows
+from dllm_deploy.bench.report import SERVERS, load_rows
 
 
 def main(folder: Path) -> None:

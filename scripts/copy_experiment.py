@@ -7,7 +7,7 @@ Trains a 2-layer, 128-wide model of the tiny family on one task -- repeat a rand
 10-60 characters from [a-z0-9] in upper case (the prompt `upper: <string>`) -- with the training
 script's own objective and prints its log (``loss_ema`` per 25 steps). Nothing but copying can
 lower the loss below the entropy of the characters (ln 36 = 3.58 nats, less the EOS padding).
-Extra arguments go to ``dllm_deploy.models.train`` (e.g. ``--steps``, ``--lr``, ``--threads``).
+Extra arguments go to ``dllm_deploy.training.train`` (e.g. ``--steps``, ``--lr``, ``--threads``).
 """
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ import string
 import sys
 
 from dllm_deploy.evals import tasks
-from dllm_deploy.models import train
+from dllm_deploy.training import train
 
 
 def random_copy(rng: random.Random) -> tasks.Example:

@@ -4,7 +4,7 @@
 
 For N held-out prompts per family of both splits (``core``: in distribution; ``general``: held-out
 words and lengths), the checkpoint predicts every answer byte from the prompt and the answer
-bytes before it (the warm-up's causal mask, ``models/train.py``). Prints, per split and family,
+bytes before it (the warm-up's causal mask, ``training/train.py``). Prints, per split and family,
 next-byte accuracy and the share of answers predicted whole, as JSON. During the autoregressive
 warm-up this is the signal that the copy circuit has formed: ``general`` / ``upper`` (upper-casing
 random letters) stays near chance until then, however well ``core`` does on memorised words.
@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 
 from dllm_deploy.evals import tasks
-from dllm_deploy.models import train as T
+from dllm_deploy.training import train as T
 from dllm_deploy.models.loading import load_model
 from dllm_deploy.models.tokenizer import ByteTokenizer
 

@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 
 from dllm_deploy.evals import tasks
-from dllm_deploy.models import train as T
+from dllm_deploy.training import train as T
 from dllm_deploy.models.loading import load_model
 from dllm_deploy.models.tokenizer import ByteTokenizer
 

@@ -30,7 +30,7 @@ def main(argv=None) -> int:
     a = ap.parse_args(argv)
     import onnxruntime
 
-    from dllm_deploy.bench_memory import format_table, memory_table
+    from dllm_deploy.bench.memory import format_table, memory_table
     widths = [int(x) for x in a.widths.split(",")]
     prefixes = [int(x) for x in a.prefixes.split(",")]
 

@@ -9,7 +9,7 @@ import json
 
 import torch
 
-from dllm_deploy.distill import policy_states
+from dllm_deploy.training.distill import policy_states
 from dllm_deploy.evals import tasks
 from dllm_deploy.models.loading import load_model, resolve_model_dir
 from dllm_deploy.models.tokenizer import load_tokenizer

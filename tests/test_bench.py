@@ -6,7 +6,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from dllm_deploy import bench, report
+from dllm_deploy.bench import report
+from dllm_deploy.bench import run as bench
+from dllm_deploy.bench.targets import equal_quality, tune
 from dllm_deploy.cli import main
 from dllm_deploy.errors import UserError
 
@@ -96,18 +98,18 @@ def test_tune_and_equal_quality_rules():
     runs = [_run("llada", "vanilla", 10.0, 0.80, backend="torch", cache="none"), _run("van", "vanilla", 20.0, 0.80),
             _run("thr", "threshold", 100.0, 0.795), _run("fast-bad", "spd", 300.0, 0.5, w=8),
             _run("fast-ok", "spd", 150.0, 0.78, w=4), _run("slow", "spd", 90.0, 0.9, w=2)]
-    t = bench.tune({"runs": runs}, quality_budget=0.02)
+    t = tune({"runs": runs}, quality_budget=0.02)
     assert t["pick"]["label"] == "fast-ok" and t["baseline"]["label"] == "thr"   # fastest within 2 points
-    t = bench.tune({"runs": runs}, quality_budget=0.01)
+    t = tune({"runs": runs}, quality_budget=0.01)
     assert t["pick"]["label"] == "thr" and t["reference"]["label"] == "llada"
-    t = bench.tune({"runs": runs}, quality_budget=0.0)
+    t = tune({"runs": runs}, quality_budget=0.0)
     assert t["pick"]["label"] == "slow"             # only runs at least as accurate as the reference
-    eq = bench.equal_quality(runs, 0.01)
+    eq = equal_quality(runs, 0.01)
     assert eq["reference"] == "llada" and eq["backends"]["ort"]["pick"] == "thr"
     assert eq["backends"]["ort"]["vs_llada"] == pytest.approx(10.0)
     assert eq["backends"]["ort"]["any_quality_pick"] == "fast-bad" and eq["backends"]["ort"]["any_quality_vs_llada"] == 30.0
     with pytest.raises(UserError, match="vanilla reference"):
-        bench.tune({"runs": [r for r in runs if r["strategy"] != "vanilla"]})
+        tune({"runs": [r for r in runs if r["strategy"] != "vanilla"]})
 
 
 def test_report_markdown_and_plots(bench_run, tmp_path):
@@ -183,7 +185,7 @@ def test_report_shows_equal_quality_of_both_runs(tmp_path):
     assert main(["report", str(src), "--compare", str(src), "--compare-label", "distilled", "--out", str(doc)]) == 0
     text = doc.read_text()
     res = json.loads(src.read_text())
-    eq = bench.equal_quality(res["runs"])
+    eq = equal_quality(res["runs"])
     assert "## Speed at equal quality" in text
     for name in ("distilled", "this run"):
         e = eq["backends"]["ort"]
@@ -266,7 +268,7 @@ def test_precisions_are_configurations_of_their_own(tiny_artifact, tmp_path):
     slow_fp32 = _run("ref", "vanilla", 10.0, 0.9, backend="torch", cache="none")
     picked = {**_run("ort:threshold tau0.9 int8", "threshold", 100.0, 0.9), "precision": "int8", "beam_width_used": 1}
     from dllm_deploy.profiles import get_profile
-    t = bench.tune({"runs": [slow_fp32, picked]})
+    t = tune({"runs": [slow_fp32, picked]})
     overlay = bench.overlay_profile(t, get_profile("auto")[0], None)
     assert overlay["precision"] == "int8" and overlay["tuned"]["pick"] == "ort:threshold tau0.9 int8"
 
@@ -292,7 +294,7 @@ def test_cache_modes_are_configurations_of_their_own(tiny_artifact, capsys):
     ref = _run("ref", "vanilla", 10.0, 0.9, backend="torch", cache="none")
     picked = {**_run("ort:threshold tau0.9 delayed", "threshold", 100.0, 0.9, cache="delayed"), "beam_width_used": 1}
     from dllm_deploy.profiles import get_profile, parse_profile
-    overlay = bench.overlay_profile(bench.tune({"runs": [ref, picked]}), get_profile("auto")[0], None)
+    overlay = bench.overlay_profile(tune({"runs": [ref, picked]}), get_profile("auto")[0], None)
     assert overlay["decode"]["cache"] == "delayed" and parse_profile(overlay, "overlay").decode["cache"] == "delayed"
     assert main(["bench", "--artifact", str(tiny_artifact[0]), "--caches", "auto,triple", "--quiet"]) == 2
     assert "unknown cache mode 'triple'" in capsys.readouterr().err

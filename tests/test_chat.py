@@ -1,4 +1,4 @@
-"""Chat templates (dllm_deploy/chat.py): rendered exactly as transformers renders them (templates in
+"""Chat templates (dllm_deploy/text.py): rendered exactly as transformers renders them (templates in
 the formats real checkpoints ship, as test data), carried by the artifact, used by Runtime.chat
 and `generate --chat`; a broken or hostile template is one line, never a traceback."""
 from __future__ import annotations
@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from dllm_deploy.chat import load_chat_template, render
+from dllm_deploy.text import load_chat_template, render
 from dllm_deploy.cli import main
 from dllm_deploy.errors import UserError
 

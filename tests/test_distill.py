@@ -53,7 +53,7 @@ def test_distill_bidirectional_checkpoint_keeps_its_layout(tmp_path, layout, cap
 def test_certainty_loss_is_the_entropy_of_correct_predictions_only():
     import torch
 
-    from dllm_deploy.distill import certainty_loss
+    from dllm_deploy.training.distill import certainty_loss
     logits = torch.tensor([[2.0, 0.0, 0.0], [0.0, 3.0, 0.0]])
     assert certainty_loss(logits, torch.tensor([1, 0]), 1.0).item() == 0.0          # both wrong
     p = torch.softmax(logits[0], -1)
@@ -94,7 +94,7 @@ def test_distill_bad_input_is_one_line(tmp_path, capsys):
 def test_core_source_draws_only_the_original_distribution():
     """``--dist core``: every upper / count prompt is of the original form (the 149 words, starts of
     100-9999); ``train`` also draws broad inputs."""
-    from dllm_deploy.distill import TaskSource
+    from dllm_deploy.training.distill import TaskSource
     from dllm_deploy.evals import tasks
 
     def draws(dist):
@@ -120,7 +120,7 @@ def test_policy_states_replay_the_runtimes_threshold_decode():
     import torch
 
     from dllm_deploy import Runtime
-    from dllm_deploy.distill import policy_states
+    from dllm_deploy.training.distill import policy_states
     from dllm_deploy.models.loading import load_model, resolve_model_dir
     from dllm_deploy.models.tokenizer import load_tokenizer
     src = resolve_model_dir("tiny")

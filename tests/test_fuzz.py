@@ -22,7 +22,7 @@ from dllm_deploy.errors import UserError  # noqa: E402
 from dllm_deploy.models.loading import read_tensors  # noqa: E402
 from dllm_deploy.models.tokenizer import ByteTokenizer, HFTokenizer  # noqa: E402
 from dllm_deploy.profiles import explain, get_profile, load_profiles  # noqa: E402
-from dllm_deploy.prompts import decode_escapes, valid_text  # noqa: E402
+from dllm_deploy.text import decode_escapes, valid_text  # noqa: E402
 from dllm_deploy.runtime.api import Runtime, decode_config  # noqa: E402
 
 from .fuzz_corpus import mutate_bytes, mutate_json, mutated_manifest, stub_artifact, write_corpus  # noqa: E402

@@ -34,9 +34,9 @@ def test_the_package_keeps_its_layers():
 
 INJECTED = [
     ("runtime/api.py", "from ..export import engines", "the runtime never imports the exporter"),
-    ("runtime/loop.py", "from ..models import train", "training is on no deploy path"),
+    ("runtime/loop.py", "from ..training import train", "training is on no deploy path"),
     ("profiles/__init__.py", "from .. import cli", "nothing imports the CLI"),
-    ("runtime/backends/ort_backend.py", "import torch", "torch only in models/"),
+    ("runtime/backends/ort.py", "import torch", "torch only in models/"),
     ("artifact/__init__.py", "from ..models import config", "module layers"),
 ]
 

@@ -7,9 +7,10 @@ import json
 
 import pytest
 
-from dllm_deploy import bench, cli
+from dllm_deploy import cli
+from dllm_deploy.bench import run as bench
 from dllm_deploy.cli.common import decode_kwargs
-from dllm_deploy.decode_rules import (DECLARATION, OPTIONS, PROFILE_DEFAULT_KEYS, PROFILE_KEYS, RUNTIME_OPTIONS,
+from dllm_deploy.options import (DECLARATION, OPTIONS, PROFILE_DEFAULT_KEYS, PROFILE_KEYS, RUNTIME_OPTIONS,
                                       Option, option_error, problem)
 from dllm_deploy.errors import OptionError
 from dllm_deploy.profiles import _DECODE, parse_profile
@@ -49,7 +50,7 @@ def test_rules_by_type_range_choice_and_null():
     assert problem("steps", None) is None and problem("draft_tau", None) is None    # nullable: unset
     assert problem("candidates", 0) is None and problem("candidates", -1) == "candidates must be >= 0, got -1"
     flag = Option(name="verbose", type="bool", default=False, help="")
-    from dllm_deploy.decode_rules import _bad_value
+    from dllm_deploy.options import _bad_value
     assert _bad_value(flag, True) is None and "true or false" in _bad_value(flag, 1)
 
 
@@ -172,7 +173,7 @@ def test_declaration_is_package_data():
 def test_every_declared_rule_between_options_is_enforced_by_decode_config():
     """decode_options.json "rules": each one, broken, fails decode_config with its message and key;
     held, passes (the C++ runtime checks the same table: tests/cpp/test_errors.py)."""
-    from dllm_deploy.decode_rules import RULES
+    from dllm_deploy.options import RULES
     from dllm_deploy.errors import OptionError
     from dllm_deploy.runtime.api import decode_config
     broken = {"max_tokens": {"max_tokens": 40, "gen_length": 32}, "threshold_floor": {"threshold_floor": 0.95},

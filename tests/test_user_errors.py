@@ -17,7 +17,7 @@ import yaml
 from dllm_deploy.errors import UserError
 from dllm_deploy.models.loading import TINY_DIR
 from dllm_deploy.models.tokenizer import ByteTokenizer
-from dllm_deploy.prompts import decode_escapes
+from dllm_deploy.text import decode_escapes
 from dllm_deploy.runtime.api import decode_config
 
 NOBODY = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]

@@ -51,7 +51,7 @@ std::string usage() {
     const std::string flag = dllm_option_info(i, "flag");
     if (flag.empty()) continue;
     const std::string help = dllm_option_info(i, "help"), fallback = dllm_option_info(i, "default");
-    const bool quiet = fallback == "null" || help.find("default") != std::string::npos;  // decode_rules.Option.help_text
+    const bool quiet = fallback == "null" || help.find("default") != std::string::npos;  // options.Option.help_text
     out += "  " + flag + " " + dllm_option_info(i, "type") + "  " + help + (quiet ? "" : " (default: " + fallback + ")") + "\n";
   }
   return out;

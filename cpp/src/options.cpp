@@ -17,7 +17,7 @@ const OptionSpec& option_at(size_t index) { return kDecodeOptions[index]; }
 
 namespace {
 
-// A declared bound as Python's decode_rules._num writes it: an integral value without a fraction
+// A declared bound as Python's options._num writes it: an integral value without a fraction
 // (the seed's 2**64 - 1, stored as the double 2**64, included).
 std::string number(double v) {
   if (v == 0x1p64) return "18446744073709551615";

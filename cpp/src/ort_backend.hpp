@@ -1,5 +1,5 @@
 // The ONNX Runtime runner: the two graphs of an artifact (DESIGN §3) over preallocated buffers.
-// Port of dllm_deploy/runtime/backends/ort_backend.py on the CPU execution provider.
+// Port of dllm_deploy/runtime/backends/ort.py on the CPU execution provider.
 //
 // Per call the caller fills ids/pos (B,T) and mask (B,T,P+T) (row-major, P = cache_length()), and
 // sample_u (B,T) when the graphs sample (schema 3; greedy feeds zeros, temperature 0),

@@ -1,5 +1,5 @@
 """The TensorRT engine records of an artifact (``manifest.json["engines"]``): what both the
-engine builder (export/engines.py) and the TensorRT runner (runtime/backends/trt_backend.py) read,
+engine builder (export/engines.py) and the TensorRT runner (runtime/backends/trt.py) read,
 so that the runner never imports the exporter.
 
     engine_shapes(manifest, decode)     optimization-profile shape ranges (Shapes) per graph and input

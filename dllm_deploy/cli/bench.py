@@ -70,8 +70,9 @@ def add_parser(sub) -> None:
 
 
 def run(a) -> int:
-    from .. import report
-    from ..bench import configurations, overlay_profile, run_bench, tune
+    from ..bench import report
+    from ..bench.run import configurations, overlay_profile, run_bench
+    from ..bench.targets import tune
     kind = artifact_kind(a.artifact)
     if kind == "self_spec":
         return run_self_spec(a)
@@ -99,7 +100,7 @@ def run(a) -> int:
     if not 0 <= a.quality_budget < 1:
         raise UserError("--quality-budget is an accuracy difference in [0, 1) (0.01: one point)")
     caches = list(dict.fromkeys(csv_list(a.caches)))
-    from ..decode_rules import CACHE_MODES
+    from ..options import CACHE_MODES
     bad = [m for m in caches if m not in CACHE_MODES]
     if bad:
         raise UserError(f"unknown cache mode {bad[0]!r} (expected some of {', '.join(CACHE_MODES)})")
@@ -115,7 +116,7 @@ def run(a) -> int:
                     compare=_compare_artifacts(a.compare))
     if a.tune:
         from ..profiles import get_profile
-        from ..bench import split_backend
+        from ..bench.run import split_backend
         names = [split_backend(b)[0] for b in backends]
         t = tune(res, backend="ort" if "ort" in names else names[0], quality_budget=a.quality_budget)
         prof, _, _ = get_profile("auto")
@@ -166,8 +167,8 @@ def run(a) -> int:
 
 
 def run_self_spec(a) -> int:
-    """bench of a self-speculative artifact: ar, linear-spec, tree-spec at each W (bench_self_spec.py)."""
-    from .. import bench_self_spec as bss
+    """bench of a self-speculative artifact: ar, linear-spec, tree-spec at each W (bench/self_spec.py)."""
+    from ..bench import self_spec as bss
     strategies = bss.DEFAULT_STRATEGIES if a.strategies == BENCH_STRATEGIES else csv_list(a.strategies)
     widths = csv_list(a.beam_widths, int)
     if a.quick:
@@ -188,8 +189,8 @@ def run_self_spec(a) -> int:
 
 
 def run_uniform(a) -> int:
-    """bench of a uniform-diffusion artifact, against transformers with --reference (bench_uniform.py)."""
-    from .. import bench_uniform as bu
+    """bench of a uniform-diffusion artifact, against transformers with --reference (bench/uniform.py)."""
+    from ..bench import uniform as bu
     if a.quick:
         a.n, a.repeats, a.gen_length = 1, 2, min(a.gen_length, 64)
         a.tasks = a.tasks or "upper,count"

@@ -7,7 +7,7 @@ import os
 import sys
 from pathlib import Path
 
-from ..decode_rules import OPTIONS
+from ..options import OPTIONS
 from ..errors import UserError
 
 

@@ -44,7 +44,7 @@ def add_parser(sub) -> None:
 
 
 def run(a) -> int:
-    from ..distill import DistillConfig, distill
+    from ..training.distill import DistillConfig, distill
     mix = dict(DistillConfig().mix)
     for item in filter(None, (a.mix or "").split(",")):
         fam, _, w = item.partition("=")

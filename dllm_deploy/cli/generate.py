@@ -38,13 +38,13 @@ def print_chunk(as_json: bool):
 
 
 def run(a) -> int:
-    from ..prompts import decode_escapes
+    from ..text import decode_escapes
     from ..runtime.api import decode_config, row_options
     if (a.chat is None) == (not a.prompt):
         raise UserError("give --prompt (one or more) or --chat, not both and not neither")
     messages = None
     if a.chat is not None:
-        from ..chat import check_messages
+        from ..text import check_messages
         try:
             messages = check_messages(json.loads(a.chat))
         except ValueError as e:

@@ -23,9 +23,8 @@ def add_parser(sub) -> None:
 
 
 def run(a) -> int:
-    from .. import report
-    from ..bench import targets
-    from ..bench import equal_quality
+    from ..bench import report
+    from ..bench.targets import equal_quality, targets
     res = report.load(a.bench_json)
     other = report.load(a.compare) if a.compare else None
     for r in (res, other):

@@ -43,7 +43,7 @@ def run(a) -> int:
     check_ports(a.host, ports)
     rt = runtime(a)
     if a.chat_template:
-        from ..chat import check_template, load_chat_template
+        from ..text import check_template, load_chat_template
         rt.chat_template = check_template(load_chat_template(".", override=a.chat_template))
     defaults, limits = serve_limits(a, rt)
     serve(rt, a.host, ports, limits, defaults, instances=a.max_batch_size, continuous=not a.static_batches,

@@ -8,7 +8,7 @@ Each family draws from one of three distributions (``dist``):
 
 - ``core``: the original one (sentences of the 149 ``WORDS``, names / cities / items / days from
   their lists, fixed length and number ranges); the in-distribution evaluation split;
-- ``train``: the broad training distribution (``distill --dist train``, ``models.train --dist
+- ``train``: the broad training distribution (``distill --dist train``, ``training.train --dist
   train``): half ``core``, half ``broad`` inputs (random lower-case words of 1-10 letters,
   sentences of 1-120 characters, wider number ranges), never a held-out word or length; the
   bundled model itself was trained on ``core``;

@@ -30,7 +30,7 @@ import numpy as np
 from .. import __version__
 from ..artifact import MANIFEST, SAMPLING_NOISE, write_manifest
 from ..artifact.fsio import clean_stale, lock_target, remove_temp_dir, replace_dir, temp_dir
-from ..chat import TEMPLATE_FILE, load_chat_template, special_tokens
+from ..text import TEMPLATE_FILE, load_chat_template, special_tokens
 from ..errors import UserError
 from ..models.exclusion import excluded_ids
 from ..models.config import KV_IO, MOE_FORMS
@@ -217,7 +217,7 @@ def export(model: str = "tiny", out: str | Path = "artifact", precisions=("fp32"
     graphs sample from (default min(vocabulary, 64)). ``moe_form``: how a mixture-of-experts model's
     routed experts are exported, "contrib" (ONNX Runtime's com.microsoft.MoE) or "gather" (standard
     operators; models/moe.py). ``chat_template``: a file with the chat template the artifact carries
-    (default: the model folder's, chat.py::load_chat_template). ``kv_io``: what prefill's present
+    (default: the model folder's, text.py::load_chat_template). ``kv_io``: what prefill's present
     outputs hold, "append" (the past and the new tokens, schema 4) or "new" (the new tokens only;
     the runtime's cache is a buffer written in place, schema 5; export/graphs.py)."""
     import torch

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..decode_rules import CACHE_MESSAGES, CACHE_MODES
+from ..options import CACHE_MESSAGES, CACHE_MODES
 from ..errors import UserError
 
 # the modes under which every finished block's KV is exact at a block boundary (rows may join there)

@@ -1,7 +1,7 @@
 """Attention-mask primitives: pure numpy functions, True = may attend.
 
 runtime/canvas.py builds every mask the decode loop feeds an engine from these (it adds rows,
-left pads and the batch and head axes); profiles/memory.py and bench.py use them for synthetic
+left pads and the batch and head axes); profiles/memory.py and bench/run.py use them for synthetic
 calls. They sit here, below profiles and runtime, so that both may import them.
 
 Shapes: a mask for T new tokens over P cached + T new keys is (T, P+T).

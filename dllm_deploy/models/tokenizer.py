@@ -7,7 +7,7 @@ import shutil
 from pathlib import Path
 
 from ..errors import UserError, file_error
-from ..prompts import valid_text
+from ..text import valid_text
 
 
 class ByteTokenizer:

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import yaml
 
-from ..decode_rules import OPTIONS, PROFILE_KEYS, option_error
+from ..options import OPTIONS, PROFILE_KEYS, option_error
 from ..errors import OptionError, UserError, file_error, read_text
 
 BUNDLED = Path(__file__).resolve().parent

@@ -1,5 +1,5 @@
 """Memory model: estimated bytes of one decode configuration, the beam-width cap it implies, and
-the budget it is checked against (the measured peak it is compared with: dllm_deploy/bench_memory.py).
+the budget it is checked against (the measured peak it is compared with: dllm_deploy/bench/memory.py).
 
 Dimension legend
     B  batch          W  beam width (branches verified per forward)   L  block length

@@ -6,7 +6,7 @@ from pathlib import Path
 from typing import Iterator
 
 from ..artifact import artifact_format
-from ..decode_rules import OPTIONS, PROFILE_DEFAULT_KEYS, RUNTIME_OPTIONS, option_error, rule_error
+from ..options import OPTIONS, PROFILE_DEFAULT_KEYS, RUNTIME_OPTIONS, option_error, rule_error
 from ..errors import OptionError, UserError
 from ..models.capabilities import resolve_cache
 from .backends.diffusion_gemma_ort import FORMAT as UNIFORM_FORMAT   # a uniform-diffusion artifact's manifest
@@ -55,7 +55,7 @@ class Runtime:
         else:
             self.decoder = Decoder(backend, tokenizer, config, max_beam_width=max_beam_width)
         self.profile, self.profile_reasons = None, []
-        self.chat_template: str | None = None   # the model's chat template (chat.py), None: it has none
+        self.chat_template: str | None = None   # the model's chat template (text.py), None: it has none
         self.chat_variables: dict = {}          # bos_token / eos_token strings the template may read
 
     @classmethod
@@ -68,7 +68,7 @@ class Runtime:
             return cls._load_uniform(artifact, backend, precision, threads, profile)
         if artifact is not None:
             from ..profiles import get_profile
-            from .backends.ort_backend import load_ort
+            from .backends.ort import load_ort
             from ..profiles.memory import beam_width_cap, free_bytes_for
             prof, reasons, facts = get_profile(profile)
             if precision is None:   # the profile's precision when the artifact has it, else fp32
@@ -81,7 +81,7 @@ class Runtime:
                     reasons = [*reasons, f"precision fp32, not the profile's {prof.precision}: a self-speculative "
                                "model's verification equals ar only where activations are not scaled per call"]
             if backend == "trt":
-                from .backends.trt_backend import load_trt
+                from .backends.trt import load_trt
                 parts = load_trt(artifact, prof, precision=precision)
             else:
                 parts = load_ort(artifact, precision=precision, threads=threads, providers=prof.backends,
@@ -109,8 +109,8 @@ class Runtime:
             raise UserError(f"backend {backend!r} needs an exported artifact (--artifact DIR)")
         from ..models.loading import resolve_model_dir
         from ..models.tokenizer import load_tokenizer
-        from .backends.torch_backend import TorchBackend
-        from ..chat import load_chat_template, special_tokens
+        from .backends.torch import TorchBackend
+        from ..text import load_chat_template, special_tokens
         be = TorchBackend.load(model or "tiny", device=device)
         folder = resolve_model_dir(model or "tiny")
         rt = cls(be, load_tokenizer(folder, be.config.eos_token_id), be.config)
@@ -133,7 +133,7 @@ class Runtime:
                       profile: str) -> "Runtime":
         """A uniform-diffusion artifact (DiffusionGemma: docs/diffusion_gemma.md) on ONNX Runtime
         with the profile's providers and threads; its tokenizer.json, else the byte tokenizer."""
-        from ..chat import load_chat_template
+        from ..text import load_chat_template
         from ..models.diffusion_gemma import DiffusionGemmaConfig
         from ..models.tokenizer import load_tokenizer
         from ..profiles import get_profile
@@ -253,8 +253,8 @@ class Runtime:
 
     def chat_prompt(self, messages: list[dict], add_generation_prompt: bool = True) -> str:
         """The prompt text of chat ``messages`` ([{"role": "user", "content": "..."}]) under the
-        model's chat template (chat.py: rendered as transformers renders it)."""
-        from ..chat import render
+        model's chat template (text.py: rendered as transformers renders it)."""
+        from ..text import render
         return render(self.chat_template, messages, add_generation_prompt, **self.chat_variables)
 
     def chat(self, messages: list[dict], rows: list[RowOptions] | None = None, **decode) -> RowResult:

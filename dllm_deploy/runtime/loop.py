@@ -35,7 +35,7 @@ import numpy as np
 
 from ..errors import UserError
 from . import canvas
-from ..decode_rules import OPTIONS, option_error
+from ..options import OPTIONS, option_error
 from ..errors import OptionError
 from ..models.capabilities import EXACT_AT_BOUNDARY, Capabilities, resolve_cache
 from .prefix import PrefixState

@@ -14,7 +14,7 @@ import time
 import warnings
 from typing import Callable, Iterator
 
-from ..decode_rules import OPTIONS, given_options, option_error
+from ..options import OPTIONS, given_options, option_error
 from ..errors import UserError
 from .loop import RowResult, collect
 from .rows import RowOptions

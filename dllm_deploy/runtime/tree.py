@@ -18,7 +18,7 @@ from functools import lru_cache
 
 import numpy as np
 
-from ..decode_rules import PRESETS
+from ..options import PRESETS
 from .rules import _ranked_masked, commit
 
 CHAIN, RUNNER_UP, CONSERVATIVE, ALT_POSITION = 0, 1, 2, 3

@@ -3,7 +3,7 @@
 One request = one prompt (the tensors carry no batch dimension): the server batches requests
 itself (scheduler.py), so a bad request fails alone and never takes a batch's other rows with it.
 The prompt is ``text_input`` (text as is) or ``messages`` (a JSON list of chat messages, rendered
-with the artifact's chat template: chat.py); exactly one of the two. Every other optional input
+with the artifact's chat template: text.py); exactly one of the two. Every other optional input
 falls back to the server's default (profile, then flags)."""
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from ..decode_rules import OPTIONS
+from ..options import OPTIONS
 from ..errors import UserError
 from ..runtime.api import ROW_KEYWORDS, row_options
 from ..runtime.rows import RowOptions

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from dllm_deploy.decode_rules import OPTIONS
+from dllm_deploy.options import OPTIONS
 from dllm_deploy.models.capabilities import bidirectional
 from dllm_deploy.errors import OptionError, UserError
 

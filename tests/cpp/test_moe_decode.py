@@ -88,7 +88,7 @@ def test_the_delayed_cache_decodes_with_the_same_rule(moe_artifacts, family, for
 def test_bench_compares_the_forms_per_active_parameter(moe_artifacts, tmp_path):
     """`bench --compare`: the other artifacts' forward cost in the same run, with their parameters
     and active parameters (k of E experts a token)."""
-    from dllm_deploy import bench
+    from dllm_deploy.bench import run as bench
     from dllm_deploy.cli import main
     _, contrib, _ = moe_artifacts["llada2", "contrib"]
     _, gather, _ = moe_artifacts["llada2", "gather"]

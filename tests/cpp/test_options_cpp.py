@@ -9,7 +9,7 @@ import subprocess
 
 import pytest
 
-from dllm_deploy.decode_rules import OPTIONS
+from dllm_deploy.options import OPTIONS
 from dllm_deploy.errors import OptionError
 from dllm_deploy.runtime.api import decode_config
 

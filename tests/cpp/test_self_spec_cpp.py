@@ -34,7 +34,7 @@ def artifact(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def python_runs(artifact):
-    from dllm_deploy.runtime.backends.ort_backend import load_ort
+    from dllm_deploy.runtime.backends.ort import load_ort
     from dllm_deploy.runtime.self_spec import SelfSpecOptions, generate
     loaded = load_ort(artifact)
     be, tok = loaded.backend, loaded.tokenizer

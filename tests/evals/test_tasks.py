@@ -1,7 +1,7 @@
 import random
 
 from dllm_deploy.evals import tasks
-from dllm_deploy.models import train
+from dllm_deploy.training import train
 
 
 def test_eval_split_is_fixed_and_has_50_per_family():

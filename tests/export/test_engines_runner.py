@@ -13,7 +13,7 @@ from dllm_deploy.errors import UserError
 from dllm_deploy.export.engines import plan_engines
 from dllm_deploy.models.capabilities import block_causal
 from dllm_deploy.profiles import load_profiles
-from dllm_deploy.runtime.backends.trt_backend import (
+from dllm_deploy.runtime.backends.trt import (
     check_engines,
     check_in_range,
     import_torch_cuda,

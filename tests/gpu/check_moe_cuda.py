@@ -48,7 +48,7 @@ def main() -> int:
     from dllm_deploy.artifact import read_manifest
     from dllm_deploy.export.exporter import export
     from dllm_deploy.runtime.api import Runtime
-    from dllm_deploy.runtime.backends.ort_backend import load_ort
+    from dllm_deploy.runtime.backends.ort import load_ort
     from tests.conftest import MOE_CONFIGS, write_random_checkpoint
 
     so = ort.SessionOptions()

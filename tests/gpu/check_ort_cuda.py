@@ -32,7 +32,7 @@ def main() -> int:
     from dllm_deploy.evals import tasks
     from dllm_deploy.export.exporter import export
     from dllm_deploy.runtime.api import Runtime
-    from dllm_deploy.runtime.backends.ort_backend import load_ort
+    from dllm_deploy.runtime.backends.ort import load_ort
 
     def load(art, **kw):
         parts = load_ort(str(art), precision="fp32", **kw)

@@ -126,8 +126,8 @@ def _hf_greedy(ref, prompt, n, mask_id, eos):
 def backends(checkpoints, tmp_path_factory):
     from dllm_deploy.export.exporter import export
     from dllm_deploy.models.loading import load_model
-    from dllm_deploy.runtime.backends.ort_backend import load_ort
-    from dllm_deploy.runtime.backends.torch_backend import TorchBackend
+    from dllm_deploy.runtime.backends.ort import load_ort
+    from dllm_deploy.runtime.backends.torch import TorchBackend
     folder = checkpoints["yarn"]
     module, cfg = load_model(str(folder))
     out = tmp_path_factory.mktemp("nld-art") / "art"
@@ -294,7 +294,7 @@ def test_draft_adapter_folds_into_the_draft_only(tmp_path):
     from safetensors.torch import load_file, save_file
 
     from dllm_deploy.export.exporter import export
-    from dllm_deploy.runtime.backends.ort_backend import load_ort
+    from dllm_deploy.runtime.backends.ort import load_ort
     ckpt = write_random_checkpoint(tmp_path / "ckpt", RAW, seed=3)
     base = reference(ckpt)
     torch.manual_seed(0)

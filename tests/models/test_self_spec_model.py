@@ -9,7 +9,7 @@ import pytest
 @pytest.fixture(scope="module")
 def runs(selfspec_artifact):
     from dllm_deploy.evals import tasks
-    from dllm_deploy.runtime.backends.ort_backend import load_ort
+    from dllm_deploy.runtime.backends.ort import load_ort
     from dllm_deploy.runtime.self_spec import SelfSpecOptions, generate
     loaded = load_ort(selfspec_artifact)
     be, tok, c = loaded.backend, loaded.tokenizer, loaded.backend.config

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from dllm_deploy.evals import tasks
-from dllm_deploy.models import train
+from dllm_deploy.training import train
 from dllm_deploy.models.tokenizer import ByteTokenizer
 
 P, C, N, D = train.KIND_PROMPT, train.KIND_CLEAN, train.KIND_NOISY, train.KIND_PAD

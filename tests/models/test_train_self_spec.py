@@ -1,4 +1,4 @@
-"""The tri-mode fine-tune's batches (models/train_self_spec.py): what each copy attends and where
+"""The tri-mode fine-tune's batches (training/self_spec.py): what each copy attends and where
 each loss is taken, checked position by position (no model runs)."""
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import random
 import torch
 
 from dllm_deploy.models.tokenizer import ByteTokenizer
-from dllm_deploy.models.train_self_spec import make_batch
+from dllm_deploy.training.self_spec import make_batch
 
 
 def test_batch_masks_and_targets():

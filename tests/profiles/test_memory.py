@@ -3,8 +3,8 @@ from pathlib import Path
 
 import pytest
 
-from dllm_deploy.bench_memory import measure_peak_bytes
-from dllm_deploy.models.train import tiny_config
+from dllm_deploy.bench.memory import measure_peak_bytes
+from dllm_deploy.training.train import tiny_config
 from dllm_deploy.profiles.memory import RESIDENCY, beam_width_cap, estimate_bytes, param_count
 
 TINY = tiny_config().to_dict()

@@ -122,7 +122,7 @@ def test_auto_on_this_machine_is_a_cpu_profile_with_reasons():
 def test_ort_provider_options_come_from_the_profile(monkeypatch):
     import onnxruntime as ort
 
-    from dllm_deploy.runtime.backends.ort_backend import provider_list
+    from dllm_deploy.runtime.backends.ort import provider_list
     ps = load_profiles()
     assert provider_list(ps["cpu-x86_64"].backends, ps["cpu-x86_64"].ort.get("provider_options")) == [("CPUExecutionProvider", {})]
     monkeypatch.setattr(ort, "get_available_providers",

@@ -112,7 +112,7 @@ def test_verify_after_refresh_reproduces_it(tmp_path, layout, cache):
     import numpy as np
 
     from dllm_deploy.runtime import canvas
-    from dllm_deploy.runtime.backends.torch_backend import TorchBackend
+    from dllm_deploy.runtime.backends.torch import TorchBackend
     from dllm_deploy.runtime.prefix import PrefixState
     from tests.conftest import write_checkpoint
 

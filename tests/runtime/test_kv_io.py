@@ -1,5 +1,5 @@
 """kv_io "new" (schema 5): prefill returns only the new tokens' keys and values and the ONNX
-Runtime cache is a buffer written in place (export/graphs.py, runtime/backends/ort_backend.py).
+Runtime cache is a buffer written in place (export/graphs.py, runtime/backends/ort.py).
 The buffer cache shows every call what the appending cache shows, through every cache operation;
 a new-KV artifact decodes token for token and forward for forward as the appending one of the
 same model, on every family kind and cache mode."""
@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from dllm_deploy.errors import UserError
-from dllm_deploy.runtime.backends.ort_backend import OrtBufferCache, OrtCache
+from dllm_deploy.runtime.backends.ort import OrtBufferCache, OrtCache
 from dllm_deploy.runtime.rows import RowOptions
 
 from ..conftest import STRATEGIES

@@ -78,7 +78,7 @@ class _Tokens:
 
 def record(tmp_path, monkeypatch, layout: str, mode: str, options: dict) -> dict:
     """Decode PROMPTS on a tiny random checkpoint, recording every builder call."""
-    from dllm_deploy.runtime.backends.torch_backend import TorchBackend
+    from dllm_deploy.runtime.backends.torch import TorchBackend
     from dllm_deploy.runtime.loop import Decoder
     from dllm_deploy.runtime.strategies import DecodeConfig
     from tests.conftest import write_checkpoint

@@ -11,7 +11,7 @@ import json
 import os
 from pathlib import Path
 
-from .errors import UserError, read_text
+from ..errors import UserError, read_text
 
 PLOTS = ("tpf_vs_beam_width", "pareto", "tokens_per_s", "memory_vs_beam_width", "forward_cost")
 

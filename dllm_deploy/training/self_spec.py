@@ -2,7 +2,7 @@
 decodes autoregressively and drafts blocks by diffusion, as Nemotron-Labs-Diffusion is trained
 (joint loss L_AR + alpha * L_diff on the same weights), in that family's layout.
 
-    python -m dllm_deploy.models.train_self_spec --out checkpoints/tiny-selfspec     # make train-selfspec
+    python -m dllm_deploy.training.self_spec --out checkpoints/tiny-selfspec     # make train-selfspec
 
 Each training row is ``[clean | noisy]`` over one sequence (prompt, answer, EOS):
 - the clean copy attends causally; its logit i is scored against token i+1 over the answer (the
@@ -29,11 +29,11 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from .config import DLLMConfig
-from .registry import get_family
-from .tokenizer import ByteTokenizer
+from ..models.config import DLLMConfig
+from ..models.registry import get_family
+from ..models.tokenizer import ByteTokenizer
 from .train import sample_example
-from .transformer import DLLM
+from ..models.transformer import DLLM
 
 BLOCK = 16
 FULL_SHARE = 0.6     # share of noisy blocks fully masked after their seed (the LinearSpec draft)
@@ -100,7 +100,7 @@ def make_batch(rng: random.Random, n: int, tok: ByteTokenizer, held_out: set[str
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", type=Path, required=True)
-    ap.add_argument("--init-from", type=Path, default=Path(__file__).parent / "tiny",
+    ap.add_argument("--init-from", type=Path, default=Path(__file__).resolve().parents[1] / "models" / "tiny",
                     help="the block-diffusion checkpoint to start from (default: the bundled tiny model)")
     ap.add_argument("--steps", type=int, default=1500)
     ap.add_argument("--batch", type=int, default=8)
@@ -163,7 +163,7 @@ def main(argv=None) -> None:
     meta = {"init_from": str(init.relative_to(Path.cwd()) if init.is_relative_to(Path.cwd()) else init), "steps": args.steps, "batch": args.batch, "lr": args.lr,
             "alpha": args.alpha, "block": args.block, "full_share": FULL_SHARE, "seed": args.seed,
             "threads": args.threads, "torch": torch.__version__, "elapsed_s": round(time.time() - t0, 1),
-            "command": "python -m dllm_deploy.models.train_self_spec " + " ".join(argv if argv is not None else sys.argv[1:])}
+            "command": "python -m dllm_deploy.training.self_spec " + " ".join(argv if argv is not None else sys.argv[1:])}
     (args.out / "training.json").write_text(json.dumps(meta, indent=2) + "\n")
 
 

@@ -1,6 +1,6 @@
 """Train the bundled tiny dLLM: block-causal masked diffusion, block length 32, byte vocabulary.
 
-    python -m dllm_deploy.models.train --out dllm_deploy/models/tiny --seed 0
+    python -m dllm_deploy.training.train --out dllm_deploy/models/tiny --seed 0
 
 Objective (BD3-LM / SDAR style, vectorised): each training row is
 ``[prompt | clean answer blocks | noisy answer blocks]``. Block b of the answer is noised by
@@ -25,9 +25,9 @@ import torch
 import torch.nn.functional as F
 
 from ..evals import tasks
-from .config import DLLMConfig
-from .tokenizer import ByteTokenizer
-from .transformer import DLLM
+from ..models.config import DLLMConfig
+from ..models.tokenizer import ByteTokenizer
+from ..models.transformer import DLLM
 
 BLOCK = 32
 MIX = {"upper": 1.0, "reverse": 1.5, "kv": 1.5, "csv": 1.0, "count": 1.5, "letter": 0.7, "text": 0.8}

@@ -32,9 +32,10 @@ from types import SimpleNamespace
 
 import numpy as np
 
-from .decode_rules import PROFILE_DEFAULT_KEYS
-from .errors import UserError
-from .runtime.tree import DEFAULT_TREE
+from ..options import PROFILE_DEFAULT_KEYS
+from ..errors import UserError
+from ..runtime.tree import DEFAULT_TREE
+from .targets import equal_quality, ratios, targets
 
 STRATEGY_NAMES = ("vanilla", "vanilla-cache", "threshold", "spd")
 SAMPLING = {"temperature": 0.7, "top_p": 0.9}    # the sampling runs beside the greedy ones (bench --seeds)
@@ -103,7 +104,7 @@ class ChunkClock:
 
 def cpp_binary() -> Path:
     """The C++ example binary (``make cpp``); DLLM_DEPLOY_CPP overrides the path."""
-    p = Path(os.environ.get("DLLM_DEPLOY_CPP") or Path(__file__).resolve().parents[1] / "build" / "cpp" / "dllm-generate")
+    p = Path(os.environ.get("DLLM_DEPLOY_CPP") or Path(__file__).resolve().parents[2] / "build" / "cpp" / "dllm-generate")
     if not p.exists():
         raise UserError(f"backend 'cpp' needs the C++ build ({p} is missing): run `make cpp`")
     return p
@@ -130,7 +131,7 @@ def run_cpp(binary, artifact: str, examples, kwargs: dict, max_beam_width: int |
     """Decode ``examples`` with the C++ runtime in one process (--prompts-file); returns the same
     summary keys as the Python path. Wall time is the sum of the per-prompt decode times the
     binary reports (session load and process start excluded, as the Python side excludes load)."""
-    from .evals import tasks
+    from ..evals import tasks
     flags = []
     for k, v in kwargs.items():
         if v is not None:
@@ -185,7 +186,7 @@ class Config:
     @property
     def row(self):
         """The RowOptions of a sampling run (None: greedy)."""
-        from .runtime.rows import RowOptions
+        from ..runtime.rows import RowOptions
         return RowOptions(temperature=self.temperature, top_p=SAMPLING["top_p"], seed=self.seed) if self.temperature else None
 
     def decode_kwargs(self, gen_length: int) -> dict:
@@ -293,7 +294,7 @@ class CostProbe:
     to time for each W (prefilled and warmed up once)."""
 
     def __init__(self, backend, config, widths, block_length: int, prefix: int):
-        from .models.masks import tree_mask, tree_positions
+        from ..models.masks import tree_mask, tree_positions
         rng = np.random.default_rng(0)
         self.backend, self.widths, self.block_length, self.prefix = backend, list(widths), block_length, prefix
         self.cache = backend.new_cache(1, prefix + block_length)
@@ -337,8 +338,8 @@ def compare_cost(artifacts: dict, widths, block_length: int, prefix: int, repeat
     and artifact interleaved in every repeat, with each one's parameters and active parameters
     (profiles/memory.py: a mixture counts k experts a token, not E): the comparison of a
     mixture-of-experts model with a dense model of its active size (docs/moe.md)."""
-    from .profiles.memory import active_param_count, param_count
-    from .runtime.api import Runtime
+    from ..profiles.memory import active_param_count, param_count
+    from ..runtime.api import Runtime
     probes, facts = {}, {}
     for label, folder in artifacts.items():
         for p in precisions:
@@ -363,7 +364,7 @@ def _peak_memory(artifact: str, widths, block_length: int, prefix: int) -> dict[
     """Measured peak memory (MB) of ONNX Runtime verification per W, where the profiles' memory
     module offers a measurement; None otherwise."""
     try:
-        from .bench_memory import measure_peak_bytes
+        from .memory import measure_peak_bytes
     except ImportError:
         return {w: None for w in widths}
     out = {}
@@ -382,16 +383,16 @@ def run_bench(artifact: str, backends=("torch", "ort"), strategies=("vanilla", "
               memory: bool = False, device: str = "cpu", progress=None, seeds=(), threshold_floors=(), threshold_fars=(),
               threshold_leads=(), precisions=("fp32",),
               quality_budget: float = 0.01, caches=("auto",), compare: dict | None = None) -> dict:
-    from .evals import tasks
-    from .evals.harness import run_eval
-    from .profiles.memory import estimate_bytes
-    from .runtime.api import Runtime, decode_config
+    from ..evals import tasks
+    from ..evals.harness import run_eval
+    from ..profiles.memory import estimate_bytes
+    from ..runtime.api import Runtime, decode_config
 
     families = tuple(families or tasks.FAMILIES)
     unknown = [f for f in families if f not in tasks.FAMILIES]
     if unknown:
         raise UserError(f"unknown task family {unknown[0]!r} (expected some of {', '.join(tasks.FAMILIES)})")
-    from .profiles import get_profile
+    from ..profiles import get_profile
     prof, reasons, _ = get_profile("auto")
     configs = configurations(backends, strategies, beam_widths, thresholds, tree, seeds, threshold_floors, threshold_fars,
                              threshold_leads, precisions, caches)
@@ -496,123 +497,6 @@ def run_bench(artifact: str, backends=("torch", "ort"), strategies=("vanilla", "
     out["equal_quality"] = equal_quality(runs, quality_budget)
     out["targets"] = targets(out)
     return out
-
-
-def quality_reference(runs: list[dict]) -> dict | None:
-    """The run whose accuracy is the quality bar: LLaDA vanilla (one token per step) without a
-    cache on torch, else vanilla on any backend (every backend decodes the same prompts)."""
-    vanilla = [r for r in runs if r["strategy"] == "vanilla" and not r.get("temperature")]
-    order = sorted(vanilla, key=lambda r: (r["backend"] != "torch", r.get("cache") != "none"))
-    return order[0] if order else None
-
-
-def equal_quality(runs: list[dict], budget: float = 0.01) -> dict | None:
-    """Per backend, the fastest greedy configuration whose accuracy is within ``budget`` (0.01: one
-    point) of the vanilla reference's, and its tokens/s over LLaDA vanilla no-cache on torch."""
-    ref = quality_reference(runs)
-    if ref is None:
-        return None
-    llada = _best(runs, backend="torch", strategy="vanilla", cache="none")
-    per = {}
-    for be in sorted({r["backend"] for r in runs}):
-        ok = [r for r in runs if r["backend"] == be and not r.get("temperature")
-              and r["accuracy"] >= ref["accuracy"] - budget - 1e-9]
-        if not ok:
-            continue
-        pick = max(ok, key=lambda r: r["tokens_per_s"])
-        fastest = max((r for r in runs if r["backend"] == be and not r.get("temperature")), key=lambda r: r["tokens_per_s"])
-        per[be] = {"pick": pick["label"], "accuracy": pick["accuracy"], "tpf": pick["tpf"], "tokens_per_s": pick["tokens_per_s"],
-                   "vs_llada": pick["tokens_per_s"] / llada["tokens_per_s"] if llada else None,
-                   "any_quality_pick": fastest["label"], "any_quality_accuracy": fastest["accuracy"],
-                   "any_quality_vs_llada": fastest["tokens_per_s"] / llada["tokens_per_s"] if llada else None}
-    return {"reference": ref["label"], "reference_accuracy": ref["accuracy"], "budget": budget,
-            "llada": llada["label"] if llada else None, "backends": per}
-
-
-def ratios(runs: list[dict]) -> dict:
-    """ORT over torch, and C++ over Python ORT, for every configuration both backends ran."""
-    by = {r["label"]: r for r in runs}
-    out = {}
-    for r in runs:
-        for num, den in (("ort", "torch"), ("cpp", "ort")):
-            twin = r["label"].replace(f"{num}:", f"{den}:", 1)
-            if r["backend"] == num and twin in by:
-                out[f"{r['label']} / {den}"] = r["tokens_per_s"] / by[twin]["tokens_per_s"]
-    return out
-
-
-def _best(runs, **match):
-    rows = [r for r in runs if all(r.get(k) == v for k, v in match.items()) and not r.get("temperature")]
-    return max(rows, key=lambda r: r["tokens_per_s"]) if rows else None
-
-
-def targets(res: dict) -> list[dict]:
-    """The issue's four targets, each with what was measured and whether it is met."""
-    runs = res["runs"]
-    out = []
-
-    def add(name, target, value, ok, note):
-        out.append({"target": name, "goal": target, "measured": value, "met": bool(ok) if value is not None else None,
-                    "note": note})
-
-    spd_ort = _best(runs, backend="ort", strategy="spd")
-    vanilla_torch = _best(runs, backend="torch", strategy="vanilla", cache="none")
-    eq = res.get("equal_quality") or equal_quality(runs)
-    ort_eq = (eq or {}).get("backends", {}).get("ort")
-    if ort_eq and ort_eq["vs_llada"] is not None:
-        v = ort_eq["vs_llada"]
-        add("Equal quality (accuracy within 1 point of vanilla) on ONNX Runtime vs LLaDA vanilla no-cache on torch",
-            ">= 30x", v, v >= 30, f"{ort_eq['pick']} (accuracy {ort_eq['accuracy']:.3f}) vs {eq['llada']} "
-            f"(reference {eq['reference']}, accuracy {eq['reference_accuracy']:.3f})")
-    else:
-        add("Equal quality on ONNX Runtime vs LLaDA vanilla no-cache on torch", ">= 30x", None, None,
-            "needs --backends torch,ort and --strategies vanilla,...")
-    if spd_ort and vanilla_torch:
-        v = spd_ort["tokens_per_s"] / vanilla_torch["tokens_per_s"]
-        add("Fastest SPD on ONNX Runtime (any quality) vs LLaDA vanilla no-cache on torch", ">= 30x", v, v >= 30,
-            f"{spd_ort['label']} (accuracy {spd_ort['accuracy']:.3f}) vs {vanilla_torch['label']}")
-    rs = {k: v for k, v in res["ratios"].items() if ":spd" in k and k.endswith("/ torch")}
-    if rs:
-        med = statistics.median(rs.values())
-        add("ONNX Runtime vs torch eager, same strategy (SPD, median over configurations)", ">= 1.5x", med, med >= 1.5,
-            f"min {min(rs.values()):.2f}x, max {max(rs.values()):.2f}x over {len(rs)} SPD configurations")
-    else:
-        add("ONNX Runtime vs torch eager, same strategy", ">= 1.5x", None, None, "needs both backends and spd")
-    lossless = _best(runs, backend="ort", strategy="spd", select="lossless", base="threshold")
-    thr = _best(runs, backend="ort", strategy="threshold")
-    if lossless and thr:
-        v = lossless["tokens_per_s"] / thr["tokens_per_s"]
-        add("SPD lossless vs threshold, tokens/s on this device (best W)", ">= 1.0x", v, v >= 1.0,
-            f"{lossless['label']} vs {thr['label']}")
-        m = lossless["modelled_tokens_per_s_memory_bound"] / thr["modelled_tokens_per_s_memory_bound"]
-        add("SPD lossless vs threshold, modelled memory-bound gain (TPF ratio)", ">= 2x", m, m >= 2.0,
-            "modelled: every forward costs as much as a one-branch forward")
-    else:
-        add("SPD lossless vs threshold", ">= 1.0x measured, >= 2x modelled", None, None,
-            "needs --strategies threshold,spd on ort")
-    if spd_ort:
-        add("Loop overhead of SPD on ONNX Runtime", "<= 10%", spd_ort["loop_overhead"], spd_ort["loop_overhead"] <= 0.10,
-            spd_ort["label"])
-    return out
-
-
-def tune(res: dict, backend: str = "ort", quality_budget: float = 0.01) -> dict:
-    """The decode configuration (strategy, W, tau, mode) with the best measured tokens/s on
-    ``backend`` whose accuracy is within ``quality_budget`` (0.01: one point) of the vanilla
-    reference's (``quality_reference``): the fastest at equal quality. ``baseline`` is the fastest
-    threshold run at that quality (the pick itself when there is none)."""
-    ref = quality_reference(res["runs"])
-    if ref is None:
-        raise UserError("--tune needs the vanilla reference in the run (--strategies vanilla,threshold,spd)")
-    runs = [r for r in res["runs"] if r["backend"] == backend and not r.get("temperature")]   # greedy runs only
-    ok = [r for r in runs if r["accuracy"] >= ref["accuracy"] - quality_budget - 1e-9]
-    if not ok:
-        raise UserError(f"no {backend} configuration is within {quality_budget} of the reference's accuracy "
-                        f"({ref['label']}, {ref['accuracy']:.3f})")
-    pick = max(ok, key=lambda r: r["tokens_per_s"])
-    base = max((r for r in ok if r["strategy"] == "threshold"), key=lambda r: r["tokens_per_s"], default=pick)
-    return {"pick": pick, "baseline": base, "reference": ref, "quality_budget": quality_budget,
-            "speedup_vs_threshold": pick["tokens_per_s"] / base["tokens_per_s"]}
 
 
 def overlay_profile(tuned: dict, base_profile, bench_json: str | None) -> dict:

@@ -14,8 +14,8 @@ from __future__ import annotations
 import statistics
 import time
 
-from .errors import UserError
-from .runtime.self_spec import CALL_DEPENDENT, LOSSY, STRATEGIES, SelfSpecOptions, generate, mean_round
+from ..errors import UserError
+from ..runtime.self_spec import CALL_DEPENDENT, LOSSY, STRATEGIES, SelfSpecOptions, generate, mean_round
 
 DEFAULT_STRATEGIES = ("ar", "linear-spec", "tree-spec", "fastdiffuser")
 
@@ -48,9 +48,9 @@ def label(strategy: str, width: int) -> str:
 def run(artifact: str, strategies=DEFAULT_STRATEGIES, widths=(2, 4, 8), families=None, n: int = 5, repeats: int = 3,
         max_new_tokens: int = 128, batch_size: int = 1, block_size: int = 0, threads: int | None = None,
         progress=None, precisions=("fp32",)) -> dict:
-    from .bench import machine_facts, versions
-    from .evals import tasks
-    from .runtime.backends.ort_backend import load_ort
+    from .run import machine_facts, versions
+    from ..evals import tasks
+    from ..runtime.backends.ort import load_ort
     if n < 1 or repeats < 1 or batch_size < 1 or max_new_tokens < 1:
         raise UserError("--n, --repeats, --batch-size and --gen-length must be >= 1")
     configs = [(s, w, p) for p in precisions for s, w in configurations(strategies, widths)]

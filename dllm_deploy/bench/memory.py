@@ -11,7 +11,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from .profiles.memory import estimate_bytes
+from ..profiles.memory import estimate_bytes
 
 
 
@@ -46,9 +46,9 @@ def _measure_here(artifact: str, beam_width: int, prefix_len: int, block_length:
     """The measurement itself (run in a fresh process by measure_peak_bytes)."""
     import numpy as np
 
-    from .artifact import read_manifest
-    from .models.masks import block_causal_mask, tree_mask
-    from .runtime.backends.ort_backend import OrtBackend
+    from ..artifact import read_manifest
+    from ..models.masks import block_causal_mask, tree_mask
+    from ..runtime.backends.ort import OrtBackend
     _warm_ort()
     base = _status()["VmRSS"]
     m = read_manifest(artifact, verify=False, precision=precision)
@@ -92,17 +92,17 @@ def measure_peak_bytes(artifact: str | Path, beam_width: int = 1, prefix_len: in
         estimate             estimate_bytes() for the same configuration (a dict)
         ratio                estimate["total"] / peak_bytes
     plus the configuration (beam_width, prefix_len, block_length, batch, precision, runs)."""
-    from .artifact import read_manifest
-    from .errors import UserError
+    from ..artifact import read_manifest
+    from ..errors import UserError
     if not Path("/proc/self/status").exists():
         raise UserError("memory measurement needs Linux (/proc/self/status)")
     m = read_manifest(artifact, verify=False, precision=precision)
     L = int(block_length or m["block_length"])
     args = {"artifact": str(artifact), "beam_width": int(beam_width), "prefix_len": int(prefix_len), "block_length": L,
             "batch": int(batch), "precision": precision, "runs": int(runs), "threads": threads}
-    code = ("import json, sys; from dllm_deploy.bench_memory import _measure_here; "
+    code = ("import json, sys; from dllm_deploy.bench.memory import _measure_here; "
             "print(json.dumps(_measure_here(**json.loads(sys.argv[1]))))")
-    root = str(Path(__file__).resolve().parents[1])
+    root = str(Path(__file__).resolve().parents[2])
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))}
     p = subprocess.run([sys.executable, "-c", code, json.dumps(args)], capture_output=True, text=True,
                        timeout=timeout_s, env=env, check=False)

@@ -25,11 +25,11 @@ import time
 
 import numpy as np
 
-from .errors import UserError
+from ..errors import UserError
 
 
 def _ours(backend, prompts, opts, m: dict):
-    from .runtime.uniform_diffusion import generate
+    from ..runtime.uniform_diffusion import generate
     d = m["decoding"]
     t0 = time.perf_counter()
     res = generate(backend, prompts, opts, vocab_size=m["model"]["vocab_size"], canvas_length=m["model"]["canvas_length"],
@@ -38,8 +38,8 @@ def _ours(backend, prompts, opts, m: dict):
 
 
 def _transformers(model, prompts, opts, m: dict):
-    from .models.diffusion_gemma import transformers_generate
-    from .runtime.uniform_diffusion import TransformersDraws
+    from ..models.diffusion_gemma import transformers_generate
+    from ..runtime.uniform_diffusion import TransformersDraws
     d = m["decoding"]
     draws = TransformersDraws(max(len(x) for x in prompts), m["model"]["canvas_length"], opts.max_denoising_steps,
                               seed=opts.seed)
@@ -50,7 +50,7 @@ def _transformers(model, prompts, opts, m: dict):
 
 def _cpp(binary, artifact: str, texts: list[str], opts, threads: int | None, pad: int):
     """The C++ runtime's decode of ``texts`` in one batch: (token ids per row, loop wall, forwards per row)."""
-    from .bench import cpp_generate
+    from .run import cpp_generate
     rows = cpp_generate(binary, artifact, texts, ["--batch-size", str(len(texts)), "--gen-length", str(opts.max_new_tokens),
                                                   "--steps", str(opts.max_denoising_steps), "--seed", str(opts.seed),
                                                   *(["--threads", str(threads)] if threads else [])])
@@ -61,11 +61,11 @@ def _cpp(binary, artifact: str, texts: list[str], opts, threads: int | None, pad
 def run(artifact: str, reference: str | None = None, families=None, n: int = 1, repeats: int = 3,
         max_new_tokens: int = 128, steps: int | None = None, threads: int | None = None, progress=None,
         cpp: bool = False) -> dict:
-    from .bench import machine_facts, versions
-    from .evals import tasks
-    from .models.tokenizer import load_tokenizer
-    from .runtime.backends.diffusion_gemma_ort import OrtDenoiser
-    from .runtime.uniform_decoder import options as decode_options
+    from .run import machine_facts, versions
+    from ..evals import tasks
+    from ..models.tokenizer import load_tokenizer
+    from ..runtime.backends.diffusion_gemma_ort import OrtDenoiser
+    from ..runtime.uniform_decoder import options as decode_options
     if n < 1 or repeats < 1 or max_new_tokens < 1:
         raise UserError("--n, --repeats and --gen-length must be >= 1")
     backend = OrtDenoiser(artifact, threads=threads)
@@ -76,11 +76,11 @@ def run(artifact: str, reference: str | None = None, families=None, n: int = 1, 
     prompts = [tok.encode(t) for t in texts]
     runners = {"dllm-deploy": lambda: _ours(backend, prompts, opts, m)}
     if cpp:
-        from .bench import cpp_binary
+        from .run import cpp_binary
         binary = cpp_binary()
         runners["dllm-deploy C++"] = lambda: _cpp(binary, artifact, texts, opts, threads, m["decoding"]["pad_id"])
     if reference is not None:
-        from .models.diffusion_gemma import load_transformers_reference
+        from ..models.diffusion_gemma import load_transformers_reference
         model = load_transformers_reference(reference, threads)
         runners = {"transformers": lambda: _transformers(model, prompts, opts, m), **runners}
     _ours(backend, prompts[:1], opts, m)                  # warm-up: sessions, allocator
@@ -113,9 +113,9 @@ def run(artifact: str, reference: str | None = None, families=None, n: int = 1, 
            "threads": threads, "canvas_length": m["model"]["canvas_length"], "runs": rows,
            "machine": machine_facts(), "versions": versions()}
     if cpp:                               # the C++ rows against Python's Runtime (own positions), untimed
-        from .runtime.uniform_decoder import UniformDecoder
-        from .runtime.rows import RowOptions
-        from .models.diffusion_gemma import DiffusionGemmaConfig
+        from ..runtime.uniform_decoder import UniformDecoder
+        from ..runtime.rows import RowOptions
+        from ..models.diffusion_gemma import DiffusionGemmaConfig
         cfg = DiffusionGemmaConfig(**{k: tuple(v) if isinstance(v, list) else v for k, v in m["model"].items()})
         py = UniformDecoder(backend, tok, cfg, m["decoding"]).generate(texts, opts, [RowOptions(seed=opts.seed)] * len(texts))
         got = runs["dllm-deploy C++"][0][0]

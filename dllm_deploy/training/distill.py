@@ -15,7 +15,7 @@ reference contradicts is replaced by the reference ("verified" distillation), an
 batch is fresh reference examples: that is how a small model learns inputs its teacher cannot
 answer (the generalization split).
 
-States. Block-causal models train on the vectorised block-diffusion rows of ``models/train.py``
+States. Block-causal models train on the vectorised block-diffusion rows of ``training/train.py``
 (prompt, clean blocks, noisy copies of every block); bidirectional ones (LLaDA, Dream) on
 semi-autoregressive states (blocks before an active one clean, the active block partly masked, the
 rest masked), one active block per row. Mask ratios lean high (``1 - u**2``), because the first
@@ -34,9 +34,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from types import SimpleNamespace
 
-from .artifact.fsio import clean_stale, lock_target, remove_temp_dir, replace_dir, temp_dir
-from .errors import UserError
-from .models.registry import capabilities_of
+from ..artifact.fsio import clean_stale, lock_target, remove_temp_dir, replace_dir, temp_dir
+from ..errors import UserError
+from ..models.registry import capabilities_of
 
 RECORD = "training.json"      # the training record every checkpoint of ours carries
 LOG = "train_log.jsonl"
@@ -75,7 +75,7 @@ class TaskSource:
     has_reference = True
 
     def __init__(self, mix: dict, seed: int, dist: str = "train"):
-        from .evals import tasks
+        from ..evals import tasks
         unknown = sorted(set(mix) - set(tasks.FAMILIES + tasks.OPEN_FAMILIES))
         if unknown:
             raise UserError(f"--mix: unknown family {unknown[0]!r} (known: {', '.join(tasks.FAMILIES + tasks.OPEN_FAMILIES)})")
@@ -142,7 +142,7 @@ class FileSource:
 def _block_noise(block: int, mask_id: int, suffix_share: float):
     """A noise function for ``train.build_row_ids``: ``train.mask_blocks`` with mask ratios leaning
     high (``1 - u**2``)."""
-    from .models import train
+    from . import train
     return lambda a, tok, rng: train.mask_blocks(a, mask_id, rng, block, suffix_share, lambda u: 1.0 - u * u)
 
 
@@ -153,7 +153,7 @@ def _padded(answer, eos: int, block: int) -> list[int]:
 
 
 def _tokens(cfg) -> SimpleNamespace:
-    """The special ids ``models/train.py``'s row builders take."""
+    """The special ids ``training/train.py``'s row builders take."""
     pad = cfg.pad_token_id if cfg.pad_token_id is not None else cfg.eos_token_id
     return SimpleNamespace(EOS=cfg.eos_token_id, MASK=cfg.mask_token_id, PAD=pad)
 
@@ -197,7 +197,7 @@ def make_batch(rows, cfg, rng: random.Random, suffix_share: float, policy_share:
     loss flags tensors."""
     import torch
 
-    from .models import train
+    from . import train
     tok = _tokens(cfg)
     if capabilities_of(cfg).block_causal:
         noise = _block_noise(cfg.block_size, cfg.mask_token_id, suffix_share)
@@ -227,8 +227,8 @@ def policy_states(student, cfg, rows, tau: float, batch: int = 16) -> tuple[list
     import numpy as np
     import torch
 
-    from .models import train
-    from .runtime.rules import Threshold
+    from . import train
+    from ..runtime.rules import Threshold
     rule, L, mask_id, tok = Threshold(tau), cfg.block_size, cfg.mask_token_id, _tokens(cfg)
     out, commits, wrong, block_steps = [], 0, 0, 0
     for i in range(0, len(rows), batch):
@@ -279,7 +279,7 @@ def certainty_loss(logits, targets, temperature: float):
 def teacher_set(teacher: str | Path, tokenizer, source, n: int, gen_length: int, progress=None) -> tuple[list, dict]:
     """The teacher decodes n prompts with vanilla (one token per step). Returns
     [(prompt ids, answer ids)] and counts; with references, a contradicted answer is replaced."""
-    from .runtime.api import Runtime
+    from ..runtime.api import Runtime
     rt = Runtime.load(model=str(teacher))
     examples = [source.draw() for _ in range(n)]
     rows, kept, replaced, forwards = [], 0, 0, 0
@@ -327,8 +327,8 @@ def _write_checkpoint(model, src: Path, work: Path, record: dict, log_lines: lis
     weights written under the source's own tensor names, the record and the log beside them."""
     from safetensors.torch import save_file
 
-    from .models.loading import read_tensors
-    from .models.registry import get_family
+    from ..models.loading import read_tensors
+    from ..models.registry import get_family
     ours = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
     family = get_family(model.config.layout)
     out_tensors = {}
@@ -351,8 +351,8 @@ def distill(model: str, out: str | Path, teacher: str | None = None, prompts: st
     import torch
     import torch.nn.functional as F
 
-    from .models.loading import load_model, resolve_model_dir
-    from .models.tokenizer import load_tokenizer
+    from ..models.loading import load_model, resolve_model_dir
+    from ..models.tokenizer import load_tokenizer
     c = dcfg or DistillConfig()
     if c.steps < 1 or c.batch < 1 or c.teacher_prompts < 0 or not 0 <= c.reference_share <= 1 or c.lr <= 0:
         raise UserError("--steps, --batch must be >= 1, --teacher-prompts >= 0, --lr > 0, --reference-share in [0, 1]")
