@@ -17,11 +17,14 @@ demo: $(STAMP)
 
 # get_cross_tools.sh: the aarch64 cross compiler, qemu-user and the arm64 libpython from Debian, where
 # missing and root (tests/cpp/test_aarch64.py skips without them); lint-imports: the module layers of
-# docs/architecture.md ([tool.importlinter] in pyproject.toml)
+# docs/architecture.md ([tool.importlinter] in pyproject.toml). pytest runs a worker per core
+# (pytest-xdist), each test file on one worker (its module fixtures built once); TEST_WORKERS=0
+# runs the suite in this process.
+TEST_WORKERS ?= auto
 test: $(STAMP) cpp
 	bash cpp/scripts/get_cross_tools.sh
 	$(VENV)/bin/lint-imports --no-cache
-	$(PY) -m pytest -q tests
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile tests
 
 # The C/C++ embedding (docs/cpp.md): ONNX Runtime headers + library into build/onnxruntime,
 # then libdllm_deploy.so, dllm-generate and dllm-embed into build/cpp (the tests add an
@@ -85,7 +88,7 @@ train-selfspec: $(STAMP)
 	$(PY) -m dllm_deploy.training.self_spec --out $(SELFSPEC) --steps 1500 --lr 5e-4 --threads 2
 
 # Self-distillation of the bundled model with the best recipe measured on checkpoints/tiny-core
-# (docs/distill.md: in distribution, cross-entropy only; about 28 minutes on 2 cores, 55 CPU-minutes; not part of CI).
+# (docs/research/distill.md: in distribution, cross-entropy only; about 28 minutes on 2 cores, 55 CPU-minutes; not part of CI).
 # The student goes to build/tiny-distilled. --force replaces only a checkpoint that distill wrote.
 distill: $(STAMP)
 	$(VENV)/bin/dllm-deploy distill --model $(TINY) --out build/tiny-distilled --force $(DISTILL_FLAGS)

@@ -2,9 +2,16 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
+
+# pytest-xdist runs one worker per core: torch's OpenMP pool then takes one thread per worker (its
+# default, a thread per core in every worker, spins against the other workers; the test models are
+# far too small to gain from threads). Set before torch loads, and inherited by the subprocesses.
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 # the five decode strategies every parity and progress check runs (SPD at W 4, chain tree)
 STRATEGIES = {
