@@ -11,4 +11,4 @@ REPEATS=${3:-3}
 CLI=${CLI:-.venv/bin/dllm-deploy}
 $CLI bench --artifact "$ART" --backends torch:vanilla,ort --strategies vanilla,threshold,spd \
   --thresholds 0.9,0.98,0.99 --threshold-floors 0.8 --threshold-fars 0.999 --threshold-leads 0.7 --precisions fp32,int8 --caches auto,delayed --beam-widths 4 --n 20 --repeats "$REPEATS" --gen-length 128 \
-  --json "$OUT" --tune --tune-out "${OUT%.json}-tuned-profile.yaml"
+  --json-out "$OUT" --tune --tune-out "${OUT%.json}-tuned-profile.yaml"

@@ -15,7 +15,7 @@ start() { local port=$1; shift
 for s in "${SERVERS[@]}"; do set -- $s; name=$1; port=$2; shift 2; start $port "$@"; done
 for c in $LEVELS; do for s in "${SERVERS[@]}"; do set -- $s
   PYTHONPATH=$PWD ${PYTHON:-python} -m dllm_deploy.cli loadtest --artifact build/tiny --gen-length $GEN \
-    --url http://127.0.0.1:$2 --concurrency $c --requests $REQUESTS --json build/ab/$1-c$c.json > build/ab/$1-c$c.out 2>&1
+    --url http://127.0.0.1:$2 --concurrency $c --requests $REQUESTS --json-out build/ab/$1-c$c.json > build/ab/$1-c$c.out 2>&1
   echo "$1 c$c rc=$? $(uptime | sed 's/.*average: //')" >> build/ab/log
 done; done
 for s in "${SERVERS[@]}"; do set -- $s; kill -TERM $(cat build/ab/serve-$2.pid); done

@@ -7,7 +7,7 @@ start() { (PYTHONPATH=$PWD setsid ${PYTHON:-python} -m dllm_deploy.cli serve --a
 start first
 SP=$(cat build/serve.pid); TP=$(pgrep -P $SP -f tritonserver/bin/tritonserver)
 ls -d /tmp/folder* | sort > build/folders-before
-PYTHONPATH=$PWD ${PYTHON:-python} -m dllm_deploy.cli loadtest --artifact build/tiny --gen-length 32 --url http://127.0.0.1:18000 --concurrency 4 --requests 24 --timeout 30 --json build/fault-$1.json > build/fault-$1.out 2>&1 &
+PYTHONPATH=$PWD ${PYTHON:-python} -m dllm_deploy.cli loadtest --artifact build/tiny --gen-length 32 --url http://127.0.0.1:18000 --concurrency 4 --requests 24 --timeout 30 --json-out build/fault-$1.json > build/fault-$1.out 2>&1 &
 LP=$!
 sleep $2
 T0=$(date +%s.%N)

@@ -64,7 +64,7 @@ def main() -> None:
     cmd = [sys.executable, "-m", "dllm_deploy.cli", "bench", "--artifact", str(a.work / "moe-contrib"),
            "--compare", f"moe-gather={a.work / 'moe-gather'},dense={a.work / 'dense'}", "--backends", "ort",
            "--strategies", "threshold,spd", "--beam-widths", "4", "--precisions", "fp32,int4", "--tasks", "upper",
-           "--n", "1", "--repeats", "1", "--gen-length", "32", "--quiet", "--json", str(bench_json)]
+           "--n", "1", "--repeats", "1", "--gen-length", "32", "--quiet", "--json-out", str(bench_json)]
     subprocess.run(cmd, check=True, env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"})
     bench = json.loads(bench_json.read_text())
     res["compare"] = bench["compare"]

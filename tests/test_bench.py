@@ -1,5 +1,7 @@
 """`dllm-deploy bench` / `report`: the JSON's structure and invariants (never speed), the tuner's
 rules on a hand-made result, the overlay it writes, the plots and the generated markdown."""
+import contextlib
+import io
 import json
 from pathlib import Path
 
@@ -18,10 +20,29 @@ def bench_run(tiny_artifact, tmp_path_factory):
     d = tmp_path_factory.mktemp("bench")
     out, overlay, plots = d / "bench.json", d / "tuned.yaml", d / "plots"
     # the smoke run is `--quick` itself (2 tasks x 1 prompt, 2 repeats, W = 4, gen length 64)
-    rc = main(["bench", "--artifact", str(tiny_artifact[0]), "--quick", "--json", str(out),
-               "--tune", "--tune-out", str(overlay), "--plots", str(plots), "--quiet"])
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):     # --json: the results on stdout, no table
+        rc = main(["bench", "--artifact", str(tiny_artifact[0]), "--quick", "--json", "--json-out", str(out),
+                   "--tune", "--tune-out", str(overlay), "--plots", str(plots)])
     assert rc == 0
+    assert json.loads(printed.getvalue()) == json.loads(out.read_text())
     return json.loads(out.read_text()), out, overlay, plots
+
+
+def test_json_is_a_flag_and_json_out_a_path(capsys):
+    """--json PATH, the older spelling of --json-out PATH, still writes PATH and says so."""
+    from dllm_deploy.cli import build_parser
+    from dllm_deploy.cli.common import json_outputs
+    for argv, want in ((["--json"], (True, None)), (["--json-out", "r.json"], (False, "r.json")),
+                       (["--json", "--json-out", "r.json"], (True, "r.json")), (["--json", "r.json"], (False, "r.json"))):
+        for command in (["bench", "--artifact", "a"], ["loadtest", "--url", "http://127.0.0.1:1"]):
+            a = build_parser().parse_args(command + argv)
+            json_outputs(a)
+            assert (a.json, a.json_out) == want, (command, argv)
+    assert "--json r.json is spelled --json-out r.json now" in capsys.readouterr().err
+    a = build_parser().parse_args(["bench", "--artifact", "a", "--json", "x.json", "--json-out", "y.json"])
+    with pytest.raises(UserError, match="give --json-out PATH alone"):
+        json_outputs(a)
 
 
 def test_bench_json_structure(bench_run):

@@ -41,7 +41,7 @@ def readme_commands() -> list[tuple[str, str | None]]:
 def _relocate(cmd: str, tmp: Path) -> list[str]:
     args = shlex.split(cmd)
     for i, arg in enumerate(args):
-        writes = args[i - 1] in ("--out", "--json", "--plots", "--tune-out")
+        writes = args[i - 1] in ("--out", "--json-out", "--plots", "--tune-out")
         if arg.startswith("build/") or (writes and arg.startswith(("benchmarks/", "docs/"))):
             args[i] = str(tmp / arg)
     return [sys.executable, "-m", "dllm_deploy.cli", *args[1:]]
@@ -71,7 +71,7 @@ def test_readme_command(index, workdir):
     assert r.returncode == 0, f"{cmd}\n{r.stderr[-2000:]}"
     if expect is not None:
         assert expect in r.stdout, f"{cmd} printed {r.stdout!r}"
-    if "--json" in cmd and not re.search(r"--json \S+\.json", cmd):
+    if re.search(r"--json(\s|$)", cmd):
         json.loads(r.stdout)
 
 

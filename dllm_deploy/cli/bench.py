@@ -8,7 +8,8 @@ from pathlib import Path
 
 from ..errors import UserError
 from ..runtime.tree import DEFAULT_TREE, PRESETS
-from .common import artifact_kind, check_overlay_target, csv_list, progress, write_file, write_yaml
+from .common import (add_json_flags, artifact_kind, check_overlay_target, csv_list, json_outputs, progress, write_file,
+                     write_yaml)
 
 BENCH_STRATEGIES = "vanilla,threshold,spd"   # --strategies default (the masked families)
 
@@ -65,7 +66,7 @@ def add_parser(sub) -> None:
     b.add_argument("--tune-out", default=None, help="--tune: overlay file (default: the user profile folder)")
     b.add_argument("--plots", default=None, metavar="DIR", help="write the PNG plots here")
     b.add_argument("--quiet", action="store_true", help="no table, no progress bar")
-    b.add_argument("--json", default=None, metavar="OUT", help="write the results JSON here")
+    add_json_flags(b, "the results")
     b.set_defaults(func=run)
 
 
@@ -73,6 +74,7 @@ def run(a) -> int:
     from ..bench import report
     from ..bench.run import configurations, overlay_profile, run_bench
     from ..bench.targets import tune
+    json_outputs(a)
     kind = artifact_kind(a.artifact)
     if kind == "self_spec":
         return run_self_spec(a)
@@ -107,7 +109,7 @@ def run(a) -> int:
     total = (len(configurations(backends, strategies, widths, taus, a.tree, seeds, floors, fars, leads, precisions, caches))
              * a.repeats
              + len(backends) + len(precisions) - 1)
-    bar = progress(total, "bench", sys.stderr.isatty() and not a.quiet)
+    bar = progress(total, "bench", sys.stderr.isatty() and not (a.quiet or a.json))
     res = run_bench(a.artifact, backends, strategies, widths, taus, families, n=a.n, repeats=a.repeats,
                     gen_length=a.gen_length, tree=a.tree, batch_size=a.batch_size, memory=a.memory,
                     cost_repeats=3 if a.quick else 5, device=a.device, progress=bar, seeds=seeds,
@@ -120,18 +122,21 @@ def run(a) -> int:
         names = [split_backend(b)[0] for b in backends]
         t = tune(res, backend="ort" if "ort" in names else names[0], quality_budget=a.quality_budget)
         prof, _, _ = get_profile("auto")
-        overlay = overlay_profile(t, prof, a.json)
+        overlay = overlay_profile(t, prof, a.json_out)
         from ..profiles import user_profile_dir
         path = Path(a.tune_out) if a.tune_out else user_profile_dir() / f"{overlay['name']}.yaml"
         write_yaml(path, overlay)
         res["tune"] = {"pick": t["pick"]["label"], "baseline": t["baseline"]["label"], "reference": t["reference"]["label"],
                        "speedup_vs_threshold": t["speedup_vs_threshold"], "quality_budget": a.quality_budget,
                        "overlay": str(path)}
-    if a.json:
-        write_file(Path(a.json), json.dumps(res, indent=1) + "\n")
+    if a.json_out:
+        write_file(Path(a.json_out), json.dumps(res, indent=1) + "\n")
     if a.plots:
         for p in report.plots(res, a.plots):
             print(f"plot {p}", file=sys.stderr)
+    if a.json:
+        print(json.dumps(res))
+        return 0
     if a.quiet:
         return 0
     print(f"{'configuration':<44}{'acc':>6}{'TPF':>7}{'tok/s':>9}{'ms/fwd':>8}{'overhead':>9}{'W':>3}{'est MB':>8}"
@@ -176,7 +181,7 @@ def run_self_spec(a) -> int:
         a.tasks = a.tasks or "upper,count"
     configs = bss.configurations(strategies, widths)
     precisions = list(dict.fromkeys(["fp32", *csv_list(a.precisions)]))
-    bar = progress(len(configs) * len(precisions) * a.repeats, "bench", sys.stderr.isatty() and not a.quiet)
+    bar = progress(len(configs) * len(precisions) * a.repeats, "bench", sys.stderr.isatty() and not (a.quiet or a.json))
     res = bss.run(a.artifact, strategies, widths, csv_list(a.tasks) if a.tasks else None, n=a.n, repeats=a.repeats,
                   max_new_tokens=a.gen_length, batch_size=a.batch_size, progress=bar, precisions=precisions)
     _bench_out(a, res, bss.table, f"[{res['prompts']} prompts, {res['repeats']} repeats (medians), batch "
@@ -198,7 +203,7 @@ def run_uniform(a) -> int:
     if backends - {"ort", "cpp"}:
         raise UserError(f"a DiffusionGemma artifact runs on ort and cpp (backends {a.backends!r})")
     bar = progress(a.repeats * (1 + bool(a.reference) + ("cpp" in backends)), "bench",
-                    sys.stderr.isatty() and not a.quiet)
+                    sys.stderr.isatty() and not (a.quiet or a.json))
     res = bu.run(a.artifact, a.reference, csv_list(a.tasks) if a.tasks else None, n=a.n, repeats=a.repeats,
                  max_new_tokens=a.gen_length, steps=a.steps, threads=a.threads, progress=bar, cpp="cpp" in backends)
     _bench_out(a, res, bu.table, f"[{res['prompts']} prompts in one batch, {res['repeats']} repeats (medians), "
@@ -207,10 +212,13 @@ def run_uniform(a) -> int:
 
 
 def _bench_out(a, res: dict, table, footer: str) -> None:
-    """A bench of another paradigm's artifact: its JSON to --json, its table and footer unless --quiet."""
+    """A bench of another paradigm's artifact: its JSON to --json-out, on stdout with --json, else its
+    table and footer unless --quiet."""
+    if a.json_out:
+        write_file(Path(a.json_out), json.dumps(res, indent=1) + "\n")
     if a.json:
-        write_file(Path(a.json), json.dumps(res, indent=1) + "\n")
-    if not a.quiet:
+        print(json.dumps(res))
+    elif not a.quiet:
         print(table(res))
         print(footer, file=sys.stderr)
 

@@ -129,3 +129,22 @@ def write_yaml(path: Path, data: dict) -> None:
     import yaml
     check_overlay_target(path)
     write_file(path, yaml.safe_dump(data, sort_keys=False))
+
+
+def add_json_flags(p: argparse.ArgumentParser, what: str) -> None:
+    """``--json``, a flag as in every command (``what`` as JSON on stdout, instead of the table),
+    and ``--json-out PATH`` (``what`` written to PATH, atomically). ``--json PATH``, the older
+    form, still writes PATH, with a warning."""
+    p.add_argument("--json", nargs="?", const=True, default=False, metavar="OUT",
+                   help=f"print {what} as JSON on stdout instead of the table")
+    p.add_argument("--json-out", default=None, metavar="PATH", help=f"write {what} as JSON to PATH")
+
+
+def json_outputs(a) -> None:
+    """``a.json`` a bool and ``a.json_out`` a path or None, from either form of the flags."""
+    if isinstance(a.json, str):
+        if a.json_out:
+            raise UserError("give --json-out PATH alone (--json PATH is its older spelling)")
+        print(f"dllm-deploy: warning: --json {a.json} is spelled --json-out {a.json} now "
+              "(--json alone prints the JSON)", file=sys.stderr)
+        a.json_out, a.json = a.json, False

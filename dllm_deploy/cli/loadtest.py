@@ -3,9 +3,10 @@ from __future__ import annotations
 
 import json
 import sys
+from pathlib import Path
 
 from ..errors import UserError
-from .common import add_decode_flags, csv_list, progress, runtime
+from .common import add_decode_flags, add_json_flags, csv_list, json_outputs, progress, runtime, write_file
 from .serve import serve_defaults
 
 
@@ -18,13 +19,13 @@ def add_parser(sub) -> None:
     lt.add_argument("--stream", action="store_true", help="stream (dllm_stream /generate_stream) and time the first token")
     lt.add_argument("--timeout", type=float, default=120.0, help="seconds one request may take")
     lt.add_argument("--time-limit", type=float, default=600.0, help="no request starts after this many seconds")
-    lt.add_argument("--json", default=None, help="write the levels as JSON to this file")
+    add_json_flags(lt, "the levels")
     lt.set_defaults(func=run)
 
 
 def run(a) -> int:
-    from ..artifact.fsio import atomic_write
     from ..serving import loadtest as lt
+    json_outputs(a)
     host, port = lt.check_url(a.url)
     levels = csv_list(a.concurrency, int)
     if not levels or not all(1 <= c <= 256 for c in levels):
@@ -41,12 +42,12 @@ def run(a) -> int:
     refs = lt.references(rt, requests, defaults, log=lambda msg: advance())
     levels_out = lt.loadtest(host, port, requests, refs, levels, a.stream, a.timeout, a.time_limit,
                              log=lambda msg: print(f"dllm-deploy: {msg}", file=sys.stderr, flush=True))
-    print(lt.table(levels_out))
     ok = all(lt.passed(lv) for lv in levels_out)
-    if a.json:
-        atomic_write(a.json, json.dumps({"url": a.url, "stream": a.stream, "decode": defaults, "passed": ok,
-                                         "levels": levels_out}, indent=2) + "\n")
+    doc = {"url": a.url, "stream": a.stream, "decode": defaults, "passed": ok, "levels": levels_out}
+    if a.json_out:
+        write_file(Path(a.json_out), json.dumps(doc, indent=2) + "\n")
+    print(json.dumps(doc) if a.json else lt.table(levels_out))
     if not ok:
-        print("dllm-deploy: loadtest failed: lost or corrupted responses (see the table; corrupted answers differ from "
+        print(f"dllm-deploy: loadtest failed: lost or corrupted responses (see the {'JSON' if a.json else 'table'}; corrupted answers differ from "
               "offline generate: give loadtest the decode flags serve runs with)", file=sys.stderr)
     return 0 if ok else 1

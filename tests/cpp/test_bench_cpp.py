@@ -9,7 +9,7 @@ def test_bench_cpp_backend(cpp_build, tiny_artifact, tmp_path, monkeypatch):
     out = tmp_path / "bench.json"
     rc = main(["bench", "--artifact", str(tiny_artifact[0]), "--backends", "ort,cpp", "--strategies", "vanilla,threshold,spd",
                "--beam-widths", "2", "--tasks", "upper,count", "--n", "1", "--repeats", "1", "--gen-length", "32",
-               "--json", str(out), "--quiet"])
+               "--json-out", str(out), "--quiet"])
     assert rc == 0
     d = json.loads(out.read_text())
     by = {r["label"]: r for r in d["runs"]}

@@ -199,7 +199,7 @@ def test_bench_adds_the_cpp_row_with_its_tokens_checked(cpp_build, artifact, tmp
     from dllm_deploy import cli
     out = tmp_path / "bench.json"
     assert cli.main(["bench", "--artifact", str(artifact), "--backends", "ort,cpp", "--quick", "--gen-length", "16",
-                     "--steps", "3", "--json", str(out)]) == 0
+                     "--steps", "3", "--json-out", str(out)]) == 0
     res = json.loads(out.read_text())
     assert [r["runtime"] for r in res["runs"]] == ["dllm-deploy", "dllm-deploy C++"]
     assert res["cpp_rows_identical_to_python"] == f"{res['prompts']}/{res['prompts']}" and res["cpp_vs_python"] > 0

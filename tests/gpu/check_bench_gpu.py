@@ -37,7 +37,7 @@ def main() -> int:
         export("tiny", art, precisions=["fp32"], max_beam_width=16, log=print)
         rc = cli(["bench", "--artifact", str(art), "--backends", a.backends, "--device", "cuda",
                   "--strategies", "vanilla,threshold,spd", "--beam-widths", "1,2,4,8,16", "--n", "2", "--repeats", "2",
-                  "--gen-length", "128", "--json", str(out / "bench.json")] + plots)
+                  "--gen-length", "128", "--json-out", str(out / "bench.json")] + plots)
         if rc:
             return rc
     print(f"device {torch.cuda.get_device_name(0)}")

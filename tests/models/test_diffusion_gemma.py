@@ -400,7 +400,7 @@ def test_bench_runs_ours_against_transformers(tame_checkpoint, artifact, tmp_pat
     from dllm_deploy import cli
     out = tmp_path / "bench.json"
     assert cli.main(["bench", "--artifact", str(artifact), "--reference", str(tame_checkpoint), "--quick", "--steps", "3",
-                     "--gen-length", "24", "--json", str(out)]) == 0
+                     "--gen-length", "24", "--json-out", str(out)]) == 0
     res = json.loads(out.read_text())
     ref, ours = res["runs"]
     assert (ref["runtime"], ours["runtime"]) == ("transformers", "dllm-deploy")

@@ -248,7 +248,7 @@ def test_cli_generate_and_bench(backends, tmp_path, capsys):
         err = capsys.readouterr().err
         assert msg in err and err.count("\n") == 1
     out = tmp_path / "bench.json"
-    assert main(["bench", "--artifact", art, "--quick", "--quiet", "--json", str(out)]) == 0
+    assert main(["bench", "--artifact", art, "--quick", "--quiet", "--json-out", str(out)]) == 0
     res = json.loads(out.read_text())
     assert [r["label"] for r in res["runs"]] == ["ar", "linear-spec", "tree-spec W4", "fastdiffuser"]
     assert res["lossless"] and all(r["identical_to_ar"] for r in res["runs"] if r["strategy"] != "fastdiffuser")

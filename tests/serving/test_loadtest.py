@@ -15,7 +15,7 @@ from .conftest import GEN_LENGTH, ROOT
 def loadtest(server, artifact, tmp_path, *flags, gen_length=GEN_LENGTH):
     out = tmp_path / "load.json"
     r = subprocess.run([sys.executable, "-m", "dllm_deploy.cli", "loadtest", "--artifact", str(artifact),
-                        "--gen-length", str(gen_length), "--url", server.url, "--json", str(out), *flags],
+                        "--gen-length", str(gen_length), "--url", server.url, "--json-out", str(out), *flags],
                        env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True, timeout=180)
     return r, json.loads(out.read_text())
 
