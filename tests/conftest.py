@@ -1,8 +1,10 @@
 """Shared fixtures: tiny random checkpoints in each supported layout, the bundled tiny model."""
 from __future__ import annotations
 
+import fcntl
 import json
 import os
+import shutil
 from pathlib import Path
 
 import pytest
@@ -97,6 +99,23 @@ def write_random_checkpoint(folder: Path, raw: dict, sharded: bool = False, seed
     return folder
 
 
+def once_per_run(tmp_path_factory, name: str, build) -> tuple[Path, object]:
+    """(folder, result) of ``build(folder)``, run once per test run: with pytest-xdist the first
+    worker to ask builds it in the run's shared temporary folder while the others wait, then all read
+    it (``result`` goes through JSON). Tests copy what they change; the folder is never edited."""
+    root = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        root = root.parent                       # pytest-of-USER/pytest-N: shared by the run's workers
+    folder, done = root / f"once-{name}", root / f"once-{name}.json"
+    with open(root / f"once-{name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not done.exists():
+            shutil.rmtree(folder, ignore_errors=True)       # a build cut short by a failure
+            folder.mkdir()
+            done.write_text(json.dumps(build(folder)))
+    return folder, json.loads(done.read_text())
+
+
 @pytest.fixture(params=["llada", "dream", "block_causal"])
 def layout_checkpoint(request, tmp_path):
     return request.param, write_checkpoint(tmp_path / request.param, request.param)
@@ -111,18 +130,18 @@ def tiny_runtime():
 @pytest.fixture(scope="session")
 def tiny_artifact(tmp_path_factory):
     from dllm_deploy.export.exporter import export
-    out = tmp_path_factory.mktemp("artifact") / "tiny"
-    report = export("tiny", out, precisions=["fp32", "int8", "int4"], max_beam_width=8, log=lambda m: None)
-    return out, report
+    folder, report = once_per_run(tmp_path_factory, "tiny", lambda d: export(
+        "tiny", d / "tiny", precisions=["fp32", "int8", "int4"], max_beam_width=8, log=lambda m: None))
+    return folder / "tiny", report
 
 
 @pytest.fixture(scope="session")
 def selfspec_artifact(tmp_path_factory):
     """The committed tri-mode model (checkpoints/tiny-selfspec) exported once, fp32."""
     from dllm_deploy.export.exporter import export
-    out = tmp_path_factory.mktemp("selfspec") / "art"
-    export(str(Path(__file__).resolve().parents[1] / "checkpoints" / "tiny-selfspec"), out, log=lambda m: None)
-    return out
+    folder, _ = once_per_run(tmp_path_factory, "selfspec", lambda d: export(
+        str(Path(__file__).resolve().parents[1] / "checkpoints" / "tiny-selfspec"), d / "art", log=lambda m: None))
+    return folder / "art"
 
 
 @pytest.fixture(scope="session")
@@ -131,20 +150,23 @@ def kv_io_pairs(tmp_path_factory, tiny_artifact, selfspec_artifact):
     tiny model (block-causal), random LLaDA- and Dream-layout checkpoints (bidirectional; Dream's
     shifted logits) and the tri-mode self-speculative model. Exported once per run."""
     from dllm_deploy.export.exporter import export
-    root = tmp_path_factory.mktemp("kv-io")
     quiet = {"log": lambda m: None}
-    pairs = {}
-    for name, src, append in (("tiny", "tiny", tiny_artifact[0]),
-                              ("selfspec", str(Path(__file__).resolve().parents[1] / "checkpoints" / "tiny-selfspec"),
-                               selfspec_artifact),
-                              ("llada", None, None), ("dream", None, None)):
-        if src is None:
-            src = str(write_checkpoint(root / f"{name}-ckpt", name))
-            append = root / f"{name}-append"
-            export(src, append, **quiet)
-        export(src, root / f"{name}-new", kv_io="new", **quiet)
-        pairs[name] = (Path(append), root / f"{name}-new")
-    return pairs
+
+    def build(root: Path) -> dict:
+        pairs = {}
+        for name, src, append in (("tiny", "tiny", tiny_artifact[0]),
+                                  ("selfspec", str(Path(__file__).resolve().parents[1] / "checkpoints" / "tiny-selfspec"),
+                                   selfspec_artifact),
+                                  ("llada", None, None), ("dream", None, None)):
+            if src is None:
+                src = str(write_checkpoint(root / f"{name}-ckpt", name))
+                append = root / f"{name}-append"
+                export(src, append, **quiet)
+            export(src, root / f"{name}-new", kv_io="new", **quiet)
+            pairs[name] = (str(append), str(root / f"{name}-new"))
+        return pairs
+    _, pairs = once_per_run(tmp_path_factory, "kv-io", build)
+    return {name: (Path(a), Path(n)) for name, (a, n) in pairs.items()}
 
 
 @pytest.fixture(scope="session")
@@ -154,9 +176,12 @@ def diffusion_gemma_export(tmp_path_factory):
     pytest.importorskip("transformers")
     from dllm_deploy.export.exporter import export
     from tests.models.test_diffusion_gemma import _random_checkpoint
-    ckpt = _random_checkpoint(tmp_path_factory.mktemp("diffusion_gemma_tame"), 0.1, 0.1)
-    out = tmp_path_factory.mktemp("dg-art") / "art"
-    return ckpt, out, export(ckpt, out, log=lambda m: None)
+
+    def build(root: Path) -> dict:
+        ckpt = _random_checkpoint(root / "ckpt", 0.1, 0.1)
+        return {"checkpoint": str(ckpt), "report": export(ckpt, root / "art", log=lambda m: None)}
+    root, out = once_per_run(tmp_path_factory, "diffusion-gemma", build)
+    return Path(out["checkpoint"]), root / "art", out["report"]
 
 
 def write_argmax_checkpoint(folder: Path, layout: str, token: str) -> Path:
@@ -190,9 +215,12 @@ ARGMAX_CASES = {"llada-mask": ("llada", "mask"), "dream-pad": ("dream", "pad"), 
 def argmax_models(tmp_path_factory):
     """name -> (checkpoint, its artifact) for ARGMAX_CASES."""
     from dllm_deploy.export.exporter import export
-    root = tmp_path_factory.mktemp("argmax")
-    out = {}
-    for name, (layout, token) in ARGMAX_CASES.items():
-        ckpt = write_argmax_checkpoint(root / f"{name}-ckpt", layout, token)
-        out[name] = ckpt, export(ckpt, root / name, max_beam_width=4, log=lambda m: None)["artifact"]
-    return out
+
+    def build(root: Path) -> dict:
+        out = {}
+        for name, (layout, token) in ARGMAX_CASES.items():
+            ckpt = write_argmax_checkpoint(root / f"{name}-ckpt", layout, token)
+            out[name] = str(ckpt), export(ckpt, root / name, max_beam_width=4, log=lambda m: None)["artifact"]
+        return out
+    _, out = once_per_run(tmp_path_factory, "argmax", build)
+    return {name: (Path(ckpt), art) for name, (ckpt, art) in out.items()}
