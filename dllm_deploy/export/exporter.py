@@ -16,11 +16,8 @@ Nothing but its own artifact is ever deleted or left half-written (artifact/fsio
 """
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
-import os
-import re
 import shutil
 import time
 from pathlib import Path
@@ -28,8 +25,8 @@ from pathlib import Path
 import numpy as np
 
 from .. import __version__
-from ..artifact import MANIFEST, SAMPLING_NOISE, write_manifest
-from ..artifact.fsio import clean_stale, lock_target, remove_temp_dir, replace_dir, temp_dir
+from ..artifact import SAMPLING_NOISE, write_manifest
+from ..artifact.fsio import clean_stale, lock_target
 from ..text import TEMPLATE_FILE, load_chat_template, special_tokens
 from ..errors import UserError
 from ..models.exclusion import excluded_ids
@@ -39,21 +36,13 @@ from ..models.sampling import default_pool
 from ..profiles.memory import INT8_FP32_DEFAULT
 from .graphs import GRAPHS, dynamic_axes, io_names
 from .lora import read_adapter
-from .moe_quant import quantize_experts
+from .quantize import INT8_PRODUCTS, all_tensors, int4_variant, int8_variant
 from .smooth import DEFAULT_ALPHA, calibration_texts, input_ranges, smoothing
 from .streamed import (WeightSource, fold_weights, loaded, materialized, param_shapes, params_as_inputs,
                        placeholder_module, tensor_bytes)
+from .target import check_target, make_parent, swap_in
 
 PRECISIONS = ("fp32", "fp16", "int8", "int4")
-# the weight products of the exported graph, by the node names torch gives them (module paths),
-# that the int8 variant can keep in fp32 (docs/precision.md: the MLP's down-projection reads the
-# widest activations, and keeping it more than halves int8's logit error on the core-vocabulary
-# weights (checkpoints/tiny-core))
-INT8_PRODUCTS = {"qkv": r"/self_attn/MatMul$", "o_proj": r"/o_proj/MatMul$", "gate_up": r"/mlp/MatMul$",
-                 "down_proj": r"/down_proj/MatMul$", "lm_head": r"/lm_head/MatMul$"}
-# a mixture-of-experts router's product: never quantized (its weights are few, and a rounded score
-# can route a token to other experts)
-ROUTER = r"/mlp/gate/MatMul$"
 QUANTIZED = ("int8", "int4")          # weight-only: top-1 may differ from fp32; parity reports, never fails
 DEFAULT_OPSET = 17
 TOPK = 2
@@ -85,17 +74,6 @@ def _export_graph(module, args, names: dict, axes: dict, opset: int, path: Path,
     return model
 
 
-def _all_tensors(graph):
-    """The initializers and the tensors of node attributes (torch stores large Constant values
-    as external data too)."""
-    yield from graph.initializer
-    for node in graph.node:
-        for attr in node.attribute:
-            if attr.HasField("t"):
-                yield attr.t
-            yield from attr.tensors
-
-
 def share_weights(models: dict, folder: Path, weights_name: str, min_bytes: int = 1024,
                   bases: dict | None = None) -> int:
     """Store every large initializer of all graphs once, in ``weights_name``; graphs point at it
@@ -107,7 +85,7 @@ def share_weights(models: dict, folder: Path, weights_name: str, min_bytes: int 
     with open(folder / weights_name, "wb") as f:
         for name, model in models.items():
             base = (bases or {}).get(name, folder)
-            for t in _all_tensors(model.graph):
+            for t in all_tensors(model.graph):
                 raw = tensor_bytes(t, base)
                 if len(raw) < min_bytes:
                     if t.data_location == onnx.TensorProto.EXTERNAL:
@@ -270,7 +248,7 @@ def export(model: str = "tiny", out: str | Path = "artifact", precisions=("fp32"
         return _export_own(OWN_EXPORT[_model_type(src)], src, given, out, precisions, opset, force, log, t0)
     check_target(out, src, force)
     chat = load_chat_template(src, chat_template)
-    _make_parent(out)
+    make_parent(out)
     with lock_target(out):
         check_target(out, src, force)       # again: another process may have written it meanwhile
         clean_stale(out)
@@ -281,7 +259,7 @@ def export(model: str = "tiny", out: str | Path = "artifact", precisions=("fp32"
         source = WeightSource(src, family, cfg, param_shapes(module))
         pool = _sample_pool(sample_pool, cfg.vocab_size)
         tok = load_tokenizer(src, cfg.eos_token_id)
-        files, parity_report = _swap_in(out, lambda work: _write_artifact(
+        files, parity_report = swap_in(out, lambda work: _write_artifact(
             work, source, cfg, tok, src, block_length or cfg.block_size, precisions, max_beam_width, opset, log,
             quant, pool, calibration[0] if calibration else None, chat, moe_form, kv_io))
     sizes = {p: sum((out / f).stat().st_size for f in fs.values()) for p, fs in files.items()}
@@ -337,7 +315,7 @@ def _write_artifact(tmp: Path, source: WeightSource, cfg, tok, src: Path, L: int
         bases: dict = {}
         dtype = torch.float16 if prec == "fp16" else torch.float32
         if prec == "int4":
-            graphs, bases = _int4_variant(tmp, quant["int4"], trace)
+            graphs, bases = int4_variant(tmp, quant["int4"], trace)
         elif prec == "int8" and calibration:
             log(f"smooth int8 (alpha {quant['int8']['smooth']['alpha']}, {len(calibration)} calibration texts) ...")
             module = module_of(dtype)
@@ -346,9 +324,9 @@ def _write_artifact(tmp: Path, source: WeightSource, cfg, tok, src: Path, L: int
             ops, _ = smoothing(module, cfg, ranges, quant["int8"]["smooth"]["alpha"],
                                real=lambda unit: loaded(module, source, unit))
             _trace_graphs(module, cfg, L, dtype, opset, trace, pool, source.scaled(ops), draft.scaled(ops), kv_io)
-            graphs = _int8_variant({g: trace / g for g in GRAPHS}, sub, quant["int8"])
+            graphs = int8_variant({g: trace / g for g in GRAPHS}, sub, quant["int8"])
         elif prec == "int8":
-            graphs = _int8_variant({g: tmp for g in GRAPHS}, sub, quant["int8"])
+            graphs = int8_variant({g: tmp for g in GRAPHS}, sub, quant["int8"])
         else:
             graphs, bases = _trace_graphs(module_of(dtype), cfg, L, dtype, opset, trace, pool, source, draft, kv_io)
         share_weights(graphs, sub, "weights.bin", bases=bases)
@@ -434,25 +412,6 @@ def _trace_graphs(module, cfg, L: int, dtype, opset: int, trace: Path, pool: int
     return graphs, bases
 
 
-def _swap_in(out: Path, write):
-    """``write(folder)`` into a scratch folder beside ``out``, then swapped in by renames (under the
-    caller's lock); the scratch folder is removed whatever happens. Returns what ``write`` returns."""
-    try:
-        scratch = temp_dir(out)
-    except OSError as e:
-        raise UserError(f"{out}: cannot write in {out.parent} ({e.strerror})") from None
-    try:
-        work = scratch / "artifact"
-        work.mkdir()
-        result = write(work)
-        replace_dir(work, out, scratch)
-    except OSError as e:
-        raise UserError(f"{out}: cannot write the artifact: {e.filename or out}: {e.strerror}") from None
-    finally:
-        remove_temp_dir(scratch)
-    return result
-
-
 def _model_type(src: Path) -> str:
     """config.json's model_type, lower case ("" when unreadable: the loader reports it)."""
     try:
@@ -473,11 +432,11 @@ def _export_own(writer: str, src: Path, given: Path, out: Path, precisions: list
     if precisions != ["fp32"]:
         raise UserError(f"DiffusionGemma exports fp32 only so far (asked for {', '.join(precisions)})")
     check_target(out, src, force)
-    _make_parent(out)
+    make_parent(out)
     with lock_target(out):
         check_target(out, src, force)
         clean_stale(out)
-        manifest = _swap_in(out, lambda work: write_artifact(work, src, opset, log))
+        manifest = swap_in(out, lambda work: write_artifact(work, src, opset, log))
     files = manifest["precisions"]["fp32"]
     return {"artifact": str(given), "files": sorted(str(p.relative_to(out)) for p in out.rglob("*") if p.is_file()),
             "sizes_bytes": {"fp32": sum((out / f).stat().st_size for f in files.values())},
@@ -491,144 +450,3 @@ def _sample_pool(pool: int | None, vocab_size: int) -> int:
     if isinstance(pool, bool) or not isinstance(pool, int) or not TOPK <= pool <= vocab_size:
         raise UserError(f"--sample-pool must be an integer in [{TOPK}, {vocab_size}] (the model's vocabulary), got {pool}")
     return pool
-
-
-def _is_artifact(folder: Path) -> bool:
-    """Whether ``folder`` holds a manifest this tool wrote (schema_version, or a family's format
-    such as DiffusionGemma's, and exporter_version)."""
-    try:
-        m = json.loads((folder / MANIFEST).read_text())
-    except (OSError, ValueError):
-        return False
-    return isinstance(m, dict) and ("schema_version" in m or "format" in m) and "exporter_version" in m
-
-
-def check_target(out: Path, src: Path, force: bool) -> None:
-    """Refuse an ``out`` (resolved) that export must not write or replace; reads only, so a
-    refusal leaves everything as it was. An existing empty folder is used as is."""
-    if out == Path(out.anchor):
-        raise UserError(f"{out}: refusing to replace the root folder")
-    if Path.cwd().resolve().is_relative_to(out):
-        raise UserError(f"{out}: refusing to replace the current folder or one of its parents")
-    if src.is_relative_to(out):
-        what = "the source model's folder" if src == out else f"a folder holding the source model {src}"
-        raise UserError(f"{out}: refusing to replace {what}")
-    try:
-        if not os.path.lexists(out):
-            return
-        if not out.is_dir():
-            raise UserError(f"{out}: exists and is not a folder (export writes an artifact folder; choose another --out)")
-        if not any(out.iterdir()):
-            return
-    except OSError as e:
-        raise UserError(f"{out}: cannot read it ({e.strerror})") from None
-    if not force:
-        raise UserError(f"{out}: already exists (pass --force to replace an artifact written by dllm-deploy export)")
-    if not _is_artifact(out):
-        raise UserError(f"{out}: not an artifact written by dllm-deploy export (no manifest.json of ours); "
-                        "--force replaces only those, so move or delete it yourself")
-
-
-def _make_parent(out: Path) -> None:
-    """Create the folders above ``out``; a one-line error naming the path when that is impossible."""
-    blocker = next((p for p in out.parents if os.path.lexists(p) and not p.is_dir()), None)
-    if blocker is not None:
-        raise UserError(f"{out}: {blocker} is a file, not a folder")
-    try:
-        out.parent.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise UserError(f"{out}: cannot create {e.filename or out.parent} ({e.strerror})") from None
-
-
-def _int4_variant(fp32_dir: Path, opts: dict, spill: Path) -> tuple[dict, dict]:
-    """Weight-only int4 (ONNX Runtime's MatMulNBits, the format of ONNX Runtime GenAI's LLMs) of
-    the fp32 graphs: every MatMul with a constant weight, in blocks of ``opts['block_size']``
-    input rows, one fp32 scale (and, asymmetric, one 4-bit zero point) per block. One graph at a
-    time: each is written with its weights beside it under ``spill`` before the next is loaded.
-    Returns (graphs without their weights loaded, their folders) for share_weights."""
-    import onnx
-    graphs, bases = {}, {}
-    with _quiet_root_logger():
-        from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
-        for g in GRAPHS:
-            # the weights stay in their file: the quantizer reads each one as it quantizes it
-            model = onnx.load(str(fp32_dir / f"{g}.onnx"), load_external_data=False)
-            _absolute_locations(model, fp32_dir)
-            q = MatMulNBitsQuantizer(model, bits=4, block_size=opts["block_size"], is_symmetric=opts["symmetric"],
-                                     op_types_to_quantize=tuple(opts["op_types"]),
-                                     nodes_to_exclude=_matmuls(model.graph, [ROUTER]))
-            q.process()
-            quantize_experts(q.model.model, 4, opts["block_size"])
-            bases[g] = spill / g
-            bases[g].mkdir(parents=True)
-            onnx.save_model(q.model.model, str(bases[g] / f"{g}.onnx"), save_as_external_data=True,
-                            all_tensors_to_one_file=True, location="data", size_threshold=1024)
-            del q, model
-            graphs[g] = onnx.load(str(bases[g] / f"{g}.onnx"), load_external_data=False)
-    return graphs, bases
-
-
-def _absolute_locations(model, base: Path) -> None:
-    """Point every external tensor of ``model`` at its file by absolute path (its location is
-    relative to ``base``), so a tool reading tensors one at a time (ONNX Runtime's quantizers,
-    share_weights) finds them wherever the graph is saved."""
-    import onnx
-    for t in _all_tensors(model.graph):
-        if t.data_location == onnx.TensorProto.EXTERNAL:
-            for e in t.external_data:
-                if e.key == "location":
-                    e.value = str((base / e.value).resolve())
-
-
-@contextlib.contextmanager
-def _quiet_root_logger():
-    """ONNX Runtime's quantizers log through the root logger: advice to pre-process, one line per
-    tensor, and ``matmul_nbits_quantizer`` calls ``logging.basicConfig(level=INFO)`` on import.
-    Errors only while they run; the caller's root level and handlers as they were afterwards."""
-    import logging
-    root = logging.getLogger()
-    level, handlers = root.level, list(root.handlers)
-    root.setLevel(logging.ERROR)
-    try:
-        yield
-    finally:
-        root.setLevel(level)
-        for h in root.handlers[:]:
-            if h not in handlers:
-                root.removeHandler(h)
-
-
-def int8_kept(graph, products) -> list[str]:
-    """The MatMul nodes of ``graph`` (onnx GraphProto) that compute one of ``products`` (names of
-    INT8_PRODUCTS) or a router, which the int8 variant leaves in fp32."""
-    return _matmuls(graph, [INT8_PRODUCTS[p] for p in products] + [ROUTER])
-
-
-def _matmuls(graph, patterns: list[str]) -> list[str]:
-    """The MatMul nodes of ``graph`` whose names match one of ``patterns``."""
-    pats = [re.compile(p) for p in patterns]
-    return [n.name for n in graph.node if n.op_type == "MatMul" and any(p.search(n.name) for p in pats)]
-
-
-def _int8_variant(fp32_dirs: dict, sub: Path, opts: dict) -> dict:
-    """Dynamic int8 quantization of the fp32 graphs in ``fp32_dirs[graph]`` (the artifact's, or
-    the smoothed module's trace), for CPU / edge: MatMul weights int8 (``opts['per_channel']``: a
-    scale per output channel), activations quantized per call; the products named in
-    ``opts['fp32_products']`` stay fp32."""
-    import onnx
-    from onnxruntime.quantization import QuantType, quantize_dynamic
-    graphs = {}
-    for g in GRAPHS:
-        dst = sub / f"{g}.q.onnx"
-        src = fp32_dirs[g] / f"{g}.onnx"
-        kept = int8_kept(onnx.load(str(src), load_external_data=False).graph, opts["fp32_products"])
-        with _quiet_root_logger():
-            quantize_dynamic(str(src), str(dst), weight_type=QuantType.QInt8, per_channel=opts["per_channel"],
-                             nodes_to_exclude=kept,
-                             op_types_to_quantize=["MatMul"], extra_options={"MatMulConstBOnly": True})
-        graphs[g] = onnx.load(str(dst))
-        quantize_experts(graphs[g], 8, None)
-        dst.unlink()
-        for leftover in sub.glob("*.data"):
-            leftover.unlink()
-    return graphs

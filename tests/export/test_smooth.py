@@ -68,7 +68,7 @@ def test_int8_products_name_the_graphs_products(tiny_artifact):
     head: one) in both fp32 graphs; the default int8 graphs keep exactly the down-projections."""
     import onnx
 
-    from dllm_deploy.export.exporter import INT8_PRODUCTS, int8_kept
+    from dllm_deploy.export.quantize import INT8_PRODUCTS, int8_kept
     _, cfg = load_model("tiny")
     for g in ("prefill", "verify"):
         graph = onnx.load(str(tiny_artifact[0] / f"{g}.onnx"), load_external_data=False).graph
