@@ -1,6 +1,7 @@
 """Shared fixtures: tiny random checkpoints in each supported layout, the bundled tiny model."""
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import json
 import os
@@ -99,6 +100,18 @@ def write_random_checkpoint(folder: Path, raw: dict, sharded: bool = False, seed
     return folder
 
 
+SELFSPEC = Path(__file__).resolve().parents[1] / "checkpoints" / "tiny-selfspec"   # the tri-mode tiny model
+
+
+@contextlib.contextmanager
+def locked(path: Path):
+    """An exclusive lock on the file ``path`` (created) for the block: one test process at a time
+    (pytest-xdist workers share build/ and the run's temporary folder)."""
+    with open(path, "w") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        yield
+
+
 def once_per_run(tmp_path_factory, name: str, build) -> tuple[Path, object]:
     """(folder, result) of ``build(folder)``, run once per test run: with pytest-xdist the first
     worker to ask builds it in the run's shared temporary folder while the others wait, then all read
@@ -107,8 +120,7 @@ def once_per_run(tmp_path_factory, name: str, build) -> tuple[Path, object]:
     if os.environ.get("PYTEST_XDIST_WORKER"):
         root = root.parent                       # pytest-of-USER/pytest-N: shared by the run's workers
     folder, done = root / f"once-{name}", root / f"once-{name}.json"
-    with open(root / f"once-{name}.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
+    with locked(root / f"once-{name}.lock"):
         if not done.exists():
             shutil.rmtree(folder, ignore_errors=True)       # a build cut short by a failure
             folder.mkdir()
@@ -140,7 +152,7 @@ def selfspec_artifact(tmp_path_factory):
     """The committed tri-mode model (checkpoints/tiny-selfspec) exported once, fp32."""
     from dllm_deploy.export.exporter import export
     folder, _ = once_per_run(tmp_path_factory, "selfspec", lambda d: export(
-        str(Path(__file__).resolve().parents[1] / "checkpoints" / "tiny-selfspec"), d / "art", log=lambda m: None))
+        str(SELFSPEC), d / "art", log=lambda m: None))
     return folder / "art"
 
 
@@ -155,8 +167,7 @@ def kv_io_pairs(tmp_path_factory, tiny_artifact, selfspec_artifact):
     def build(root: Path) -> dict:
         pairs = {}
         for name, src, append in (("tiny", "tiny", tiny_artifact[0]),
-                                  ("selfspec", str(Path(__file__).resolve().parents[1] / "checkpoints" / "tiny-selfspec"),
-                                   selfspec_artifact),
+                                  ("selfspec", str(SELFSPEC), selfspec_artifact),
                                   ("llada", None, None), ("dream", None, None)):
             if src is None:
                 src = str(write_checkpoint(root / f"{name}-ckpt", name))

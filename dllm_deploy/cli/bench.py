@@ -72,8 +72,9 @@ def add_parser(sub) -> None:
 
 def run(a) -> int:
     from ..bench import report
-    from ..bench.run import configurations, overlay_profile, run_bench
+    from ..bench.run import configurations, overlay_profile, run_bench, split_backend
     from ..bench.targets import tune
+    from ..profiles import PRECISIONS, get_profile, user_profile_dir
     json_outputs(a)
     kind = artifact_kind(a.artifact)
     if kind == "self_spec":
@@ -95,7 +96,6 @@ def run(a) -> int:
     fars = csv_list(a.threshold_fars, float) if a.threshold_fars else []
     leads = csv_list(a.threshold_leads, float) if a.threshold_leads else []
     precisions = list(dict.fromkeys(["fp32", *csv_list(a.precisions)]))
-    from ..profiles import PRECISIONS
     bad = [p for p in precisions if p not in PRECISIONS]
     if bad:
         raise UserError(f"unknown precision {bad[0]!r} (expected some of {', '.join(PRECISIONS)})")
@@ -117,13 +117,10 @@ def run(a) -> int:
                     threshold_leads=leads, precisions=precisions, quality_budget=a.quality_budget, caches=caches,
                     compare=_compare_artifacts(a.compare))
     if a.tune:
-        from ..profiles import get_profile
-        from ..bench.run import split_backend
         names = [split_backend(b)[0] for b in backends]
         t = tune(res, backend="ort" if "ort" in names else names[0], quality_budget=a.quality_budget)
         prof, _, _ = get_profile("auto")
         overlay = overlay_profile(t, prof, a.json_out)
-        from ..profiles import user_profile_dir
         path = Path(a.tune_out) if a.tune_out else user_profile_dir() / f"{overlay['name']}.yaml"
         write_yaml(path, overlay)
         res["tune"] = {"pick": t["pick"]["label"], "baseline": t["baseline"]["label"], "reference": t["reference"]["label"],

@@ -1,7 +1,6 @@
 """Fixtures for the C++ embedding: the release and AddressSanitizer builds, run helpers."""
 from __future__ import annotations
 
-import fcntl
 import json
 import os
 import subprocess
@@ -10,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from ..conftest import STRATEGIES  # noqa: F401  (re-exported for the C++ tests)
+from ..conftest import STRATEGIES, locked  # noqa: F401  (STRATEGIES: re-exported for the C++ tests)
 
 REPO = Path(__file__).resolve().parents[2]
 BUILD_SCRIPT = REPO / "cpp" / "scripts" / "build.sh"
@@ -25,8 +24,7 @@ def _build(kind: str, *targets: str) -> Path:
     time across the test processes (pytest-xdist workers share build/)."""
     env = dict(os.environ, PYTHON=sys.executable)
     (REPO / "build").mkdir(exist_ok=True)
-    with open(REPO / "build" / f".{BUILD_DIRS[kind]}.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
+    with locked(REPO / "build" / f".{BUILD_DIRS[kind]}.lock"):
         r = subprocess.run(["bash", str(BUILD_SCRIPT), kind, *targets], check=False, capture_output=True, text=True,
                            env=env, cwd=REPO)
     if r.returncode:
