@@ -12,9 +12,13 @@ import pytest
 
 # pytest-xdist runs one worker per core: torch's OpenMP pool then takes one thread per worker (its
 # default, a thread per core in every worker, spins against the other workers; the test models are
-# far too small to gain from threads). Set before torch loads, and inherited by the subprocesses.
+# far too small to gain from threads), and a pool of more threads (training's --threads 2, the
+# subprocesses') sleeps instead of spinning while it waits: a spinning pool beside a busy worker
+# burnt three times the CPU of the same work (the README's distill command: 23 against 8 CPU
+# seconds). Set before torch loads, and inherited by the subprocesses.
 if os.environ.get("PYTEST_XDIST_WORKER"):
     os.environ.setdefault("OMP_NUM_THREADS", "1")
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 # the five decode strategies every parity and progress check runs (SPD at W 4, chain tree)
 STRATEGIES = {

@@ -202,6 +202,7 @@ def parity(folder: Path, module, source, cfg) -> dict:
     worst = {r: 0.0 for r in GRAPHS}
     so = ort.SessionOptions()
     so.log_severity_level = 3
+    so.add_session_config_entry("session.intra_op.allow_spinning", "0")   # idle threads sleep
     wrappers = _wrappers()
     for role in GRAPHS:
         sess = ort.InferenceSession(str(folder / f"{role}.onnx"), so, providers=["CPUExecutionProvider"])

@@ -156,6 +156,7 @@ def parity(folder: Path, files: dict, refs: dict, cfg, shapes, dtype,
     import onnxruntime as ort
     so = ort.SessionOptions()
     so.log_severity_level = 3
+    so.add_session_config_entry("session.intra_op.allow_spinning", "0")   # idle threads sleep
     names = io_names(cfg.num_layers)
     worst = {"prefill_logits": 0.0, "prefill_kv": 0.0, "verify_probs": 0.0}
     ids_equal = True

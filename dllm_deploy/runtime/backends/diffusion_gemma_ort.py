@@ -14,6 +14,7 @@ import numpy as np
 
 from ...errors import UserError, file_error
 from ...models.masks import window_decoder_masks, window_encoder_masks
+from .ort import session_threads
 
 FORMAT = "diffusion_gemma/1"
 
@@ -40,8 +41,7 @@ class OrtDenoiser:
         self.kv_shapes = list(zip(m["kv_heads"], m["head_dims"]))
         so = ort.SessionOptions()
         so.log_severity_level = 3
-        if threads:
-            so.intra_op_num_threads = threads
+        session_threads(so, threads)
         graphs = self.manifest["graphs"]
         self.names = {r: graphs[r] for r in ("encode", "denoise")}
         self.folder = folder
