@@ -16,18 +16,22 @@ demo: $(STAMP)
 	$(VENV)/bin/dllm-deploy demo
 
 # get_cross_tools.sh: the aarch64 cross compiler, qemu-user and the arm64 libpython from Debian, where
-# missing and root (tests/cpp/test_aarch64.py skips without them); lint-imports: the module layers of
-# docs/architecture.md ([tool.importlinter] in pyproject.toml). pytest runs a worker per core
-# (pytest-xdist), each test file on one worker (its module fixtures built once); TEST_WORKERS=0
-# runs the suite in this process.
+# missing and root (tests/cpp/test_aarch64.py skips without them). The C++ tests' other builds (the
+# AddressSanitizer one, and the aarch64 one where the cross compiler is) are made before pytest on
+# both cores: inside pytest one worker built them while the other sat waiting for them.
+# lint-imports: the module layers of docs/architecture.md ([tool.importlinter] in pyproject.toml).
+# pytest runs a worker per core (pytest-xdist), each test file on one worker (its module fixtures
+# built once); TEST_WORKERS=0 runs the suite in this process.
 TEST_WORKERS ?= auto
 test: $(STAMP) cpp
 	bash cpp/scripts/get_cross_tools.sh
+	PYTHON=$(abspath $(PY)) cpp/scripts/build.sh asan dllm-generate dllm-stream-check
+	if command -v aarch64-linux-gnu-g++ >/dev/null; then PYTHON=$(abspath $(PY)) cpp/scripts/build.sh aarch64; fi
 	$(VENV)/bin/lint-imports --no-cache
 	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile tests
 
 # The C/C++ embedding (docs/cpp.md): ONNX Runtime headers + library into build/onnxruntime,
-# then libdllm_deploy.so, dllm-generate and dllm-embed into build/cpp (the tests add an
+# then libdllm_deploy.so, dllm-generate and dllm-embed into build/cpp (`make test` adds an
 # AddressSanitizer build in build/cpp-asan with `cpp/scripts/build.sh asan`); ctest then rebuilds
 # every golden plan of tests/cpp/fixtures with cpp/src/canvas.cpp and compares it exactly.
 cpp: $(STAMP)

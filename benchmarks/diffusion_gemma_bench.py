@@ -49,7 +49,7 @@ def write_checkpoint(folder: Path) -> int:
 def run_transformers(model, prompts, options: dict):
     import torch
 
-    from dllm_deploy.models.diffusion_gemma import inverse_cdf
+    from dllm_deploy.models.diffusion_gemma_decode import inverse_cdf
     from dllm_deploy.runtime.uniform_diffusion import TransformersDraws
     p = max(len(x) for x in prompts)
     ids = torch.tensor([[TEXT["pad_token_id"]] * (p - len(x)) + x for x in prompts])

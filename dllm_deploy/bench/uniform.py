@@ -38,7 +38,7 @@ def _ours(backend, prompts, opts, m: dict):
 
 
 def _transformers(model, prompts, opts, m: dict):
-    from ..models.diffusion_gemma import transformers_generate
+    from ..models.diffusion_gemma_decode import transformers_generate
     from ..runtime.uniform_diffusion import TransformersDraws
     d = m["decoding"]
     draws = TransformersDraws(max(len(x) for x in prompts), m["model"]["canvas_length"], opts.max_denoising_steps,
@@ -80,7 +80,7 @@ def run(artifact: str, reference: str | None = None, families=None, n: int = 1, 
         binary = cpp_binary()
         runners["dllm-deploy C++"] = lambda: _cpp(binary, artifact, texts, opts, threads, m["decoding"]["pad_id"])
     if reference is not None:
-        from ..models.diffusion_gemma import load_transformers_reference
+        from ..models.diffusion_gemma_decode import load_transformers_reference
         model = load_transformers_reference(reference, threads)
         runners = {"transformers": lambda: _transformers(model, prompts, opts, m), **runners}
     _ours(backend, prompts[:1], opts, m)                  # warm-up: sessions, allocator

@@ -57,7 +57,8 @@ def _wrappers():
     import torch
     from torch import nn
 
-    from ..models.diffusion_gemma import FULL, SLIDING, step_outputs
+    from ..models.diffusion_gemma import FULL, SLIDING
+    from ..models.diffusion_gemma_decode import step_outputs
 
     def pairs(flat):
         return [(flat[2 * i], flat[2 * i + 1]) for i in range(len(flat) // 2)]

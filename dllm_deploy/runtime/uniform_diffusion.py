@@ -21,7 +21,7 @@ canvas's first ids, step 0), SAMPLE (the uniform of a position's draw at step s)
 ids that replace the positions not accepted at step s).
 
 The backend is anything with ``empty(batch)``, ``encode(ids, positions, keep, past)`` and
-``denoise(canvas, positions, keep, past, state, temperature, u, frozen)`` (models/diffusion_gemma.py's
+``denoise(canvas, positions, keep, past, state, temperature, u, frozen)`` (models/diffusion_gemma_decode.py's
 TorchDenoiser; the exported graphs behind the same calls).
 """
 from __future__ import annotations
@@ -280,7 +280,7 @@ def generate(backend, prompts: list[list[int]], opts: UniformDiffusionOptions, *
 class TransformersDraws:
     """This rule's noise in the order transformers' DiffusionGemma generate() draws from torch's
     stream, so that generate() with torch.randint / torch.multinomial replaced by these decodes
-    the same tokens (a test and peer-comparison aid: models/diffusion_gemma.py's inverse_cdf turns
+    the same tokens (a test and peer-comparison aid: models/diffusion_gemma_decode.py's inverse_cdf turns
     ``uniforms`` into the multinomial's ids). generate() draws a canvas's first ids (randint), then
     per step the sample (multinomial) and the renoise (randint): the call order tells them apart.
     One instance serves one generate() call of a batch padded to ``prompt_len``; request ids are

@@ -161,7 +161,7 @@ def _transformers_generate(folder, monkeypatch, prompts, dtype, **options):
     p = max(len(x) for x in prompts)
     ids = torch.tensor([[TEXT["pad_token_id"]] * (p - len(x)) + x for x in prompts])
     keep = torch.tensor([[0] * (p - len(x)) + [1] * len(x) for x in prompts])
-    from dllm_deploy.models.diffusion_gemma import inverse_cdf
+    from dllm_deploy.models.diffusion_gemma_decode import inverse_cdf
     from dllm_deploy.runtime.uniform_diffusion import TransformersDraws
     draws = TransformersDraws(p, CANVAS, options["max_denoising_steps"])
     # an upstream bug: generate() builds the decoder's masks from the canvas ids (int64), and the
@@ -184,7 +184,8 @@ def _transformers_generate(folder, monkeypatch, prompts, dtype, **options):
 
 
 def _ours_generate(folder, prompts, dtype, **options):
-    from dllm_deploy.models.diffusion_gemma import TorchDenoiser, load_diffusion_gemma
+    from dllm_deploy.models.diffusion_gemma import load_diffusion_gemma
+    from dllm_deploy.models.diffusion_gemma_decode import TorchDenoiser
     from dllm_deploy.runtime.uniform_diffusion import UniformDiffusionOptions, generate
     module, cfg = load_diffusion_gemma(folder, dtype=dtype)
     options = dict(options)

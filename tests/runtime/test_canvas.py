@@ -71,7 +71,7 @@ def test_spd_lossless_under_each_cache(bidi, cache):
 
 def test_batch_with_left_padding_equals_one_by_one(bidi):
     dec, _ = bidi
-    ps = _prompts(2)
+    ps = _prompts()             # three lengths: two rows are left-padded
     for cache in ("none", "prefix", "dual"):
         dc = decode_config(strategy="vanilla", cache=cache, gen_length=64)
         together = [r.token_ids for r in dec.generate(ps, dc)]

@@ -120,7 +120,7 @@ def test_cache_none_equals_exact(tiny_runtime):
 
 @pytest.fixture(scope="module")
 def vanilla_base(tiny_runtime):
-    prompts = _prompts(2)
+    prompts = _prompts(1)        # one of each family (test_spd_lossless_property_random_prompts adds random ones)
     return prompts, tiny_runtime.generate(prompts, strategy="vanilla")
 
 

@@ -62,7 +62,7 @@ def test_different_seeds_differ_and_temperature_0_is_greedy(ort_rt):
 def test_lossless_spd_returns_the_base_rules_tokens_under_sampling(ort_rt, tiny_runtime, base):
     greedy = ids(ort_rt.generate(PROMPTS, strategy=base, gen_length=GEN))
     spd_forwards = base_forwards = 0
-    for seed, opts in ((0, SAMPLE), (1, SAMPLE), (2, SAMPLE), (0, HOT)):
+    for seed, opts in ((0, SAMPLE), (1, SAMPLE), (0, HOT)):
         want = ort_rt.generate(PROMPTS, strategy=base, seed=seed, gen_length=GEN, **opts)
         got = ort_rt.generate(PROMPTS, strategy="spd", base=base, beam_width=4, seed=seed, gen_length=GEN, **opts)
         assert ids(got) == ids(want), (base, seed, opts)
