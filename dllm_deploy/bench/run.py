@@ -35,6 +35,7 @@ import numpy as np
 from ..options import PROFILE_DEFAULT_KEYS
 from ..errors import UserError
 from ..runtime.tree import DEFAULT_TREE
+from .cpp import cpp_binary, run_cpp
 from .targets import equal_quality, ratios, targets
 
 STRATEGY_NAMES = ("vanilla", "vanilla-cache", "threshold", "spd")
@@ -100,48 +101,6 @@ class ChunkClock:
             for q in (50, 99):
                 out[f"{name}_ms_p{q}"] = float(1000 * np.percentile(xs, q)) if xs else None
         return out
-
-
-def cpp_binary() -> Path:
-    """The C++ example binary (``make cpp``); DLLM_DEPLOY_CPP overrides the path."""
-    p = Path(os.environ.get("DLLM_DEPLOY_CPP") or Path(__file__).resolve().parents[2] / "build" / "cpp" / "dllm-generate")
-    if not p.exists():
-        raise UserError(f"backend 'cpp' needs the C++ build ({p} is missing): run `make cpp`")
-    return p
-
-
-def cpp_generate(binary, artifact: str, prompts: list[str], flags: list[str]) -> list[dict]:
-    """``dllm-generate --json`` of ``prompts`` in one process (--prompts-file) with ``flags``: its
-    result objects, one per prompt (a failure: UserError with the binary's last stderr line)."""
-    import json
-    import subprocess
-    import tempfile
-    with tempfile.TemporaryDirectory() as d:
-        pf = f"{d}/prompts.jsonl"
-        with open(pf, "w") as f:
-            f.writelines(json.dumps(p) + "\n" for p in prompts)
-        r = subprocess.run([str(binary), "--artifact", str(artifact), "--prompts-file", pf, "--json", *flags],
-                           capture_output=True, text=True, check=False)
-    if r.returncode:
-        raise UserError(f"C++ runtime failed: {(r.stderr.strip().splitlines() or ['?'])[-1]}")
-    return [json.loads(x) for x in r.stdout.splitlines() if x.strip()]
-
-
-def run_cpp(binary, artifact: str, examples, kwargs: dict, max_beam_width: int | None) -> dict:
-    """Decode ``examples`` with the C++ runtime in one process (--prompts-file); returns the same
-    summary keys as the Python path. Wall time is the sum of the per-prompt decode times the
-    binary reports (session load and process start excluded, as the Python side excludes load)."""
-    from ..evals import tasks
-    flags = []
-    for k, v in kwargs.items():
-        if v is not None:
-            flags += [f"--{k.replace('_', '-')}", str(v)]
-    if max_beam_width:
-        flags += ["--max-beam-width", str(max_beam_width)]
-    rows = cpp_generate(binary, artifact, [e.prompt for e in examples], flags)
-    ok = sum(tasks.score(e, row["text"]) for e, row in zip(examples, rows))
-    return {"accuracy": ok / len(rows), "tokens": sum(x["tokens"] for x in rows), "forwards": sum(x["forwards"] for x in rows),
-            "wall_s": sum(x["wall_s"] for x in rows), "backend_s": sum(x["backend_s"] for x in rows)}
 
 
 @dataclass(frozen=True)

@@ -50,7 +50,7 @@ def _transformers(model, prompts, opts, m: dict):
 
 def _cpp(binary, artifact: str, texts: list[str], opts, threads: int | None, pad: int):
     """The C++ runtime's decode of ``texts`` in one batch: (token ids per row, loop wall, forwards per row)."""
-    from .run import cpp_generate
+    from .cpp import cpp_generate
     rows = cpp_generate(binary, artifact, texts, ["--batch-size", str(len(texts)), "--gen-length", str(opts.max_new_tokens),
                                                   "--steps", str(opts.max_denoising_steps), "--seed", str(opts.seed),
                                                   *(["--threads", str(threads)] if threads else [])])
@@ -76,7 +76,7 @@ def run(artifact: str, reference: str | None = None, families=None, n: int = 1, 
     prompts = [tok.encode(t) for t in texts]
     runners = {"dllm-deploy": lambda: _ours(backend, prompts, opts, m)}
     if cpp:
-        from .run import cpp_binary
+        from .cpp import cpp_binary
         binary = cpp_binary()
         runners["dllm-deploy C++"] = lambda: _cpp(binary, artifact, texts, opts, threads, m["decoding"]["pad_id"])
     if reference is not None:

@@ -191,7 +191,7 @@ def test_eos_stops_a_row(backends):
 
 def test_trie_and_acceptance():
     """The trie holds the W best draft sequences; acceptance walks the causal predictions."""
-    from dllm_deploy.runtime.self_spec import accepted_path, best_sequences, build_trie
+    from dllm_deploy.runtime.self_spec_trie import accepted_path, best_sequences, build_trie
     ids = np.array([[5, 6], [7, 8], [9, 4]])
     probs = np.array([[0.9, 0.1], [0.6, 0.4], [0.5, 0.45]])
     assert best_sequences(ids, probs, 1) == [(5, 7, 9)]
