@@ -44,22 +44,20 @@ def test_smoothing_keeps_the_function_and_evens_the_ranges():
 
 
 def test_int8_error_falls_with_smoothing_and_the_fp32_down_projection(tiny_artifact, tmp_path):
-    """Measured on held-out decode states: plain per-channel int8, then smoothed, then (the
-    default) smoothed with the down-projection kept in fp32."""
-    quiet = {"precisions": ["fp32", "int8"], "log": lambda m: None}
-    plain, smoothed = tmp_path / "plain", tmp_path / "smoothed"
-    export("tiny", plain, int8_smooth=0, int8_fp32=(), **quiet)
-    export("tiny", smoothed, int8_fp32=[], **quiet)
+    """On held-out decode states, the default int8 (smoothed, the down-projection kept in fp32) is
+    closer to fp32 than plain per-channel int8. Each step's share is a measurement
+    (benchmarks/int8_fidelity.py, docs/precision.md); here the recipe's record and the direction."""
+    plain = tmp_path / "plain"
+    export("tiny", plain, precisions=["fp32", "int8"], int8_smooth=0, int8_fp32=(), log=lambda m: None)
     default = tiny_artifact[0]
-    q = {a: json.loads((a / "manifest.json").read_text())["quantization"]["int8"] for a in (plain, smoothed, default)}
+    q = {a: json.loads((a / "manifest.json").read_text())["quantization"]["int8"] for a in (plain, default)}
     assert q[plain]["smooth"] is None and q[plain]["fp32_products"] == [] and q[plain]["per_channel"]
     assert q[default]["smooth"] == {"alpha": 0.5, "calibration": "tasks", "texts": 32}
-    assert q[default]["fp32_products"] == ["down_proj"] and q[smoothed]["fp32_products"] == []
+    assert q[default]["fp32_products"] == ["down_proj"]
     _, cfg = load_model("tiny")
     states = decode_states(ByteTokenizer(), cfg.mask_token_id, cfg.block_size, n=4)
-    c = {a: compare(a, "int8", states) for a in (plain, smoothed, default)}
-    e = {a: x["logit_error"] for a, x in c.items()}
-    assert e[smoothed] < 0.85 * e[plain] and e[default] < 0.6 * e[smoothed], e
+    c = {a: compare(a, "int8", states) for a in (plain, default)}
+    assert c[default]["logit_error"] < 0.6 * c[plain]["logit_error"], c
     assert c[default]["top1_agreement"] > c[plain]["top1_agreement"] and c[default]["positions"] == 24 * 32
 
 
