@@ -61,25 +61,25 @@ PHASE2_FLAGS := --seed 1 --batch 8 --lr 3e-4 --steps 8000 --ar-steps 0 \
                 --mix count=3,reverse=2,upper=1.2,kv=1,csv=0.8,letter=0.4,text=0.5
 DISTILL_FLAGS := --dist core --entropy-weight 0 --steps 2900 --batch 8 --lr 1e-4 --seed 0 --teacher-prompts 256 --threads 2
 train: $(STAMP)
-	$(PY) -m dllm_deploy.training.train --out $(BROAD)/A $(BROAD_FLAGS) --seed 0 --batch 16 --lr 1e-3 \
+	$(VENV)/bin/dllm-deploy train --out $(BROAD)/A $(BROAD_FLAGS) --seed 0 --batch 16 --lr 1e-3 \
 	  --ar-steps 6000 --ar-until-loss 0.3 --ar-margin 1200 --mix $(MIX_A) --time-limit 5700 --stop-after 4500 --autocast $(AUTOCAST)
-	$(PY) -m dllm_deploy.training.train --out $(BROAD)/B --init-from $(BROAD)/A $(BROAD_FLAGS) --seed 2 --batch 16 --lr 1e-3 \
+	$(VENV)/bin/dllm-deploy train --out $(BROAD)/B --init-from $(BROAD)/A $(BROAD_FLAGS) --seed 2 --batch 16 --lr 1e-3 \
 	  --ar-steps 4000 --ar-until-loss 0.25 --ar-margin 600 --ar-mix upper=6,reverse=1.5,kv=1.5,csv=1,count=1.5,letter=1,text=0 \
 	  --mix $(MIX_A) --time-limit 4800 --autocast $(AUTOCAST)
-	$(PY) -m dllm_deploy.training.train --out $(BROAD)/C --init-from $(BROAD)/B $(BROAD_FLAGS) --seed 3 --batch 8 --lr 3e-4 \
+	$(VENV)/bin/dllm-deploy train --out $(BROAD)/C --init-from $(BROAD)/B $(BROAD_FLAGS) --seed 3 --batch 8 --lr 3e-4 \
 	  --mix count=3,reverse=2,upper=1.2,kv=1.5,csv=0.8,letter=1,text=0.3 --time-limit 1500 --autocast $(AUTOCAST)
-	$(PY) -m dllm_deploy.training.train --out $(BROAD)/D --init-from $(BROAD)/C $(BROAD_FLAGS) --seed 4 --batch 16 --lr 4e-4 \
+	$(VENV)/bin/dllm-deploy train --out $(BROAD)/D --init-from $(BROAD)/C $(BROAD_FLAGS) --seed 4 --batch 16 --lr 4e-4 \
 	  --mix upper=0.8,reverse=2,kv=2.5,csv=0.8,count=3,letter=2,text=0.2 --time-limit 4000 --save-every 1500
-	$(PY) -m dllm_deploy.training.train --out $(BROAD)/E --init-from $(BROAD)/D $(BROAD_FLAGS) --seed 5 --batch 16 --lr 4e-4 \
+	$(VENV)/bin/dllm-deploy train --out $(BROAD)/E --init-from $(BROAD)/D $(BROAD_FLAGS) --seed 5 --batch 16 --lr 4e-4 \
 	  --mix upper=0.6,reverse=3,kv=1.5,csv=1.2,count=5,letter=1.2,text=0.1 --time-limit 3600 --save-every 1500 --autocast $(AUTOCAST)
 	cp $(BROAD)/E/config.json $(BROAD)/E/model.safetensors $(BROAD)/E/training.json $(BROAD)/E/train_log.jsonl $(TINY)/
 
 train-core: $(STAMP)
-	$(PY) -m dllm_deploy.training.train --out $(CORE) --seed 0 --steps 8000 --ar-steps 3500 --device $(DEVICE)
+	$(VENV)/bin/dllm-deploy train --out $(CORE) --seed 0 --steps 8000 --ar-steps 3500 --device $(DEVICE)
 	$(MAKE) train-phase2
 
 train-phase2: $(STAMP)
-	$(PY) -m dllm_deploy.training.train --out $(CORE) --init-from $(CORE) $(PHASE2_FLAGS) --device $(DEVICE)
+	$(VENV)/bin/dllm-deploy train --out $(CORE) --init-from $(CORE) $(PHASE2_FLAGS) --device $(DEVICE)
 
 phase2-flags:
 	@echo $(PHASE2_FLAGS)

@@ -52,6 +52,7 @@ def test_eval_json_keys(capsys):
     (["generate", "--prompt", "x", "--cache", "triple"], "unknown cache mode 'triple'"),
     (["generate", "--artifact", "/no/such/artifact", "--prompt", "x"], "no such artifact folder"),
     (["eval", "--tasks", "poetry"], "unknown task 'poetry'"),
+    (["train", "--out", "/tmp/never-written", "--mix", "poetry=1"], "--mix: unknown family 'poetry'"),
 ])
 def test_user_errors_exit_2_with_one_line(args, msg, capsys):
     rc, _, err = run(args, capsys)
@@ -65,3 +66,17 @@ def test_console_script_error_has_no_traceback():
                        capture_output=True, text=True, timeout=120)
     assert p.returncode == 2
     assert "Traceback" not in p.stderr and "no such model folder" in p.stderr
+
+
+def test_train_writes_a_checkpoint_the_runtime_decodes(tmp_path, capsys):
+    """`dllm-deploy train` (the recipe's flags; a 1-layer model, 3 steps): the checkpoint files and
+    the training record, and the runtime loads and decodes it."""
+    from dllm_deploy import Runtime
+    out = tmp_path / "m"
+    rc, _, _ = run(["train", "--out", str(out), "--steps", "3", "--batch", "2", "--pool", "1", "--hidden", "32",
+                    "--layers", "1", "--heads", "2", "--kv-heads", "1", "--ffn", "64"], capsys)
+    assert rc == 0
+    assert {"config.json", "model.safetensors", "training.json", "train_log.jsonl"} <= {p.name for p in out.iterdir()}
+    assert json.loads((out / "training.json").read_text())["steps"] == 3
+    r = Runtime.load(model=str(out)).generate("upper: ab\n", gen_length=32)[0]
+    assert r.forwards >= 1 and len(r.token_ids) >= 1

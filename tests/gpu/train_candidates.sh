@@ -48,7 +48,7 @@ train_bg() {
     local dir=$1 limit=$2
     shift 2
     mkdir -p "$dir"
-    $PY -m dllm_deploy.training.train --out "$dir" --device "${DEVICE:-cuda}" --threads 4 --time-limit "$limit" "$@" \
+    $PY -m dllm_deploy.cli train --out "$dir" --device "${DEVICE:-cuda}" --threads 4 --time-limit "$limit" "$@" \
         > "$dir/stdout.txt" 2>&1 &
 }
 names=()

@@ -164,5 +164,5 @@ def test_ar_mix_is_the_warmup_mix_only(tmp_path, monkeypatch):
                 "--hidden", "32", "--layers", "1", "--heads", "2", "--kv-heads", "1", "--ffn", "64",
                 "--ar-mix", ",".join(f"{f}={w:g}" for f, w in only.items())])
     assert drawn[:4] == [only] * 4 and all(m != only for m in drawn[4:]) and len(drawn) == 8
-    with pytest.raises(SystemExit, match="--ar-mix: 'upper' is not family=weight"):
+    with pytest.raises(SystemExit, match="error: --ar-mix: 'upper' is not family=weight"):
         train.main(["--out", str(tmp_path / "e"), "--ar-mix", "upper"])
