@@ -9,6 +9,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
 from pathlib import Path
@@ -45,26 +46,46 @@ def serving_python() -> str:
 
 
 def wait_ready(url: str, proc: subprocess.Popen, timeout: float = 90,
-               paths=("/v2/models/dllm/ready", "/v2/models/dllm_stream/ready")) -> None:
+               paths=("/v2/models/dllm/ready", "/v2/models/dllm_stream/ready"), log=None) -> None:
+    """Until every path answers 200; a RuntimeError with the server's stderr (``log()``, else its
+    pipe) when it exits first or the time runs out."""
+    def stderr() -> str:
+        return (log() if log else proc.stderr.read() if proc.poll() is not None else "")[-3000:]
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            raise RuntimeError(f"serve exited with {proc.returncode}: {proc.stderr.read()[-3000:]}")
+            raise RuntimeError(f"serve exited with {proc.returncode}: {stderr()}")
         try:
             for path in paths:
                 urllib.request.urlopen(f"{url}{path}", timeout=2)
             return
         except OSError:
             time.sleep(0.5)
-    raise RuntimeError("serve did not become ready")
+    raise RuntimeError(f"serve did not become ready in {timeout:g} s: {stderr()}")
+
+
+class NotReady(RuntimeError):
+    pass
 
 
 class Server:
     """`dllm-deploy serve` over ``artifact`` (or, with ``command``, any server taking the three
-    ports from ``command(http, grpc, metrics)``) on free loopback ports, ready."""
+    ports from ``command(http, grpc, metrics)``) on free loopback ports, ready. Its stderr goes to
+    a file (``stderr()``), never a pipe nobody drains. A start that is not ready in time is tried
+    once more on other ports: the ports are free when picked, and a server of another test worker
+    can take one before this one binds it."""
 
     def __init__(self, artifact: Path, extra: list[str] = (), command=None, env: dict | None = None,
                  openai: bool = False):
+        for attempt in (1, 2):
+            try:
+                self._start(artifact, extra, command, env, openai)
+                return
+            except NotReady:
+                if attempt == 2:
+                    raise
+
+    def _start(self, artifact, extra, command, env, openai) -> None:
         self.http, self.grpc, self.metrics, self.openai = free_ports(4)
         self.url = f"http://127.0.0.1:{self.http}"
         self.openai_url = f"http://127.0.0.1:{self.openai}/v1"
@@ -74,16 +95,27 @@ class Server:
                 "--gen-length", str(GEN_LENGTH), "--http-port", str(http), "--grpc-port", str(grpc),
                 "--metrics-port", str(metrics), *extra,
                 *(["--openai-port", str(self.openai), "--served-model-name", "tiny"] if openai else [])]
+        self.log = tempfile.TemporaryFile("w+")
         self.proc = subprocess.Popen(command(self.http, self.grpc, self.metrics),
                                      env=env or {**os.environ, "PYTHONPATH": str(ROOT)}, stdout=subprocess.DEVNULL,
-                                     stderr=subprocess.PIPE, text=True, start_new_session=True)
+                                     stderr=self.log, text=True, start_new_session=True)
         try:
-            wait_ready(self.url, self.proc)
+            wait_ready(self.url, self.proc, log=self.stderr)
             if openai:
-                wait_ready(self.openai_url.removesuffix("/v1"), self.proc, paths=["/health"])
+                wait_ready(self.openai_url.removesuffix("/v1"), self.proc, paths=["/health"], log=self.stderr)
+        except RuntimeError as e:
+            self.stop()
+            if "did not become ready" in str(e):
+                raise NotReady(str(e)) from None
+            raise
         except BaseException:
             self.stop()
             raise
+
+    def stderr(self) -> str:
+        """What the server wrote to stderr so far."""
+        self.log.seek(0)
+        return self.log.read()
 
     def stop(self) -> int:
         if self.proc.poll() is None:

@@ -120,7 +120,7 @@ def test_sigterm_under_load_drains_every_answer(tiny_artifact, offline):
     assert len(answered) >= len(calls) // 2, outcomes
     assert all("shutting down" in str(e) or "Connection refused" in str(e) for e in refused), refused
     assert s.proc.wait(timeout=90) == 0
-    err = s.proc.stderr.read()
+    err = s.stderr()
     assert "dllm-deploy: SIGTERM: draining" in err and "in-flight requests answered" in err, err[-2000:]
     assert "Traceback" not in err, err[-3000:]
 
@@ -153,7 +153,7 @@ def test_a_drain_past_its_timeout_ends_every_answer(tiny_artifact):
         assert events and ("error" in events[-1] or events[-1].get("finish_reason")), events
     assert any("error" in e[-1] for e in streams), streams
     assert s.proc.wait(timeout=60) == 0
-    err = s.proc.stderr.read()
+    err = s.stderr()
     assert "ended by the drain timeout" in err and "Traceback" not in err, err[-2000:]
 
 
