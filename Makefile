@@ -21,7 +21,8 @@ demo: $(STAMP)
 # both cores: inside pytest one worker built them while the other sat waiting for them.
 # lint-imports: the module layers of docs/architecture.md ([tool.importlinter] in pyproject.toml).
 # pytest runs a worker per core (pytest-xdist), each test file on one worker (its module fixtures
-# built once); TEST_WORKERS=0 runs the suite in this process.
+# built once); TEST_WORKERS=0 runs the suite in this process. scripts/pytest_cpu.py records and sums
+# the CPU each test takes (the suite is CPU-bound on 2 cores: its docstring says how to run it).
 TEST_WORKERS ?= auto
 test: $(STAMP) cpp
 	bash cpp/scripts/get_cross_tools.sh
