@@ -2,7 +2,10 @@
 configuration (``bench --backends cpp``; DiffusionGemma's ``bench --backends cpp`` too)."""
 from __future__ import annotations
 
+import json
 import os
+import subprocess
+import tempfile
 from pathlib import Path
 
 from ..errors import UserError
@@ -19,9 +22,6 @@ def cpp_binary() -> Path:
 def cpp_generate(binary, artifact: str, prompts: list[str], flags: list[str]) -> list[dict]:
     """``dllm-generate --json`` of ``prompts`` in one process (--prompts-file) with ``flags``: its
     result objects, one per prompt (a failure: UserError with the binary's last stderr line)."""
-    import json
-    import subprocess
-    import tempfile
     with tempfile.TemporaryDirectory() as d:
         pf = f"{d}/prompts.jsonl"
         with open(pf, "w") as f:

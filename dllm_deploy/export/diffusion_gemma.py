@@ -198,12 +198,11 @@ def parity(folder: Path, module, source, cfg) -> dict:
     import onnxruntime as ort
     import torch
 
+    from .exporter import parity_session_options
     from .streamed import materialized
     names = io_names(cfg.num_layers)
     worst = {r: 0.0 for r in GRAPHS}
-    so = ort.SessionOptions()
-    so.log_severity_level = 3
-    so.add_session_config_entry("session.intra_op.allow_spinning", "0")   # idle threads sleep
+    so = parity_session_options()
     wrappers = _wrappers()
     for role in GRAPHS:
         sess = ort.InferenceSession(str(folder / f"{role}.onnx"), so, providers=["CPUExecutionProvider"])

@@ -149,14 +149,22 @@ def torch_outputs(module, cfg, shapes, dtype, pool: int, graphs=tuple(GRAPHS)) -
     return out
 
 
+def parity_session_options():
+    """ONNX Runtime options of the export's parity sessions: quiet, idle threads sleeping (a
+    spinning pool takes the cores from the torch references run beside it)."""
+    import onnxruntime as ort
+    so = ort.SessionOptions()
+    so.log_severity_level = 3
+    so.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    return so
+
+
 def parity(folder: Path, files: dict, refs: dict, cfg, shapes, dtype,
            providers=("CPUExecutionProvider",)) -> dict:
     """Run both graphs in ONNX Runtime on the parity inputs and compare with torch's outputs
     ``refs`` (torch_outputs); report max abs diffs. One session is alive at a time."""
     import onnxruntime as ort
-    so = ort.SessionOptions()
-    so.log_severity_level = 3
-    so.add_session_config_entry("session.intra_op.allow_spinning", "0")   # idle threads sleep
+    so = parity_session_options()
     names = io_names(cfg.num_layers)
     worst = {"prefill_logits": 0.0, "prefill_kv": 0.0, "verify_probs": 0.0}
     ids_equal = True

@@ -45,6 +45,10 @@ def serving_python() -> str:
     return sys.executable
 
 
+class NotReady(RuntimeError):
+    """A server still running but not ready when the time ran out."""
+
+
 def wait_ready(url: str, proc: subprocess.Popen, timeout: float = 90,
                paths=("/v2/models/dllm/ready", "/v2/models/dllm_stream/ready"), log=None) -> None:
     """Until every path answers 200; a RuntimeError with the server's stderr (``log()``, else its
@@ -61,11 +65,7 @@ def wait_ready(url: str, proc: subprocess.Popen, timeout: float = 90,
             return
         except OSError:
             time.sleep(0.5)
-    raise RuntimeError(f"serve did not become ready in {timeout:g} s: {stderr()}")
-
-
-class NotReady(RuntimeError):
-    pass
+    raise NotReady(f"serve did not become ready in {timeout:g} s: {stderr()}")
 
 
 class Server:
@@ -103,11 +103,6 @@ class Server:
             wait_ready(self.url, self.proc, log=self.stderr)
             if openai:
                 wait_ready(self.openai_url.removesuffix("/v1"), self.proc, paths=["/health"], log=self.stderr)
-        except RuntimeError as e:
-            self.stop()
-            if "did not become ready" in str(e):
-                raise NotReady(str(e)) from None
-            raise
         except BaseException:
             self.stop()
             raise
