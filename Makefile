@@ -16,7 +16,7 @@ demo: $(STAMP)
 	$(VENV)/bin/dllm-deploy demo
 
 # get_cross_tools.sh: the aarch64 cross compiler, qemu-user and the arm64 libpython from Debian, where
-# missing and root (tests/cpp/test_aarch64.py skips without them). The C++ tests' other builds (the
+# missing and root (tests/integration/cpp/test_aarch64.py skips without them). The C++ tests' other builds (the
 # AddressSanitizer one, and the aarch64 one where the cross compiler is) are made before pytest on
 # both cores: inside pytest one worker built them while the other sat waiting for them.
 # lint-imports: the module layers of docs/architecture.md ([tool.importlinter] in pyproject.toml).
@@ -34,7 +34,7 @@ test: $(STAMP) cpp
 # The C/C++ embedding (docs/cpp.md): ONNX Runtime headers + library into build/onnxruntime,
 # then libdllm_deploy.so, dllm-generate and dllm-embed into build/cpp (`make test` adds an
 # AddressSanitizer build in build/cpp-asan with `cpp/scripts/build.sh asan`); ctest then rebuilds
-# every golden plan of tests/cpp/fixtures with cpp/src/canvas.cpp and compares it exactly.
+# every golden plan of tests/data/golden with cpp/src/canvas.cpp and compares it exactly.
 cpp: $(STAMP)
 	PYTHON=$(abspath $(PY)) cpp/scripts/build.sh release
 	ctest --test-dir build/cpp --output-on-failure

@@ -45,7 +45,7 @@ def run(program: str, *args: str, emulated: bool, cpu: str) -> subprocess.Comple
 def graph_parity(art: Path, cpu: str) -> dict:
     import onnxruntime as ort
     sys.path.insert(0, str(REPO))
-    from tests.cpp.test_graph_run import _inputs
+    from tests.integration.cpp.test_graph_run import _inputs
     m = json.loads((art / "manifest.json").read_text())
     out = {}
     for precision in ("fp32", "int8"):

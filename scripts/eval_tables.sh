@@ -3,7 +3,7 @@
 # benchmarks/eval/; the bundled model's tables come from scripts/eval_distill.sh).
 # Usage: scripts/eval_tables.sh [N_PER_FAMILY] [OUT_DIR]     (defaults: 50, benchmarks/eval)
 # MODEL="--model checkpoints/tiny-core" (torch, the default) or MODEL="--artifact build/art"
-# (ONNX Runtime, faster; token-identical to torch up to ties, see tests/export).
+# (ONNX Runtime, faster; token-identical to torch up to ties, see tests/integration/export).
 set -euo pipefail
 N=${1:-50}
 OUT=${2:-benchmarks/eval}

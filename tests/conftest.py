@@ -41,7 +41,7 @@ LAYOUT_CONFIGS = {
                      "eos_token_id": 298, "block_size": 8, "max_position_embeddings": 256, "head_dim": 16},
 }
 
-# mixture-of-experts layouts (tests/models/test_moe.py, tests/cpp/test_moe_decode.py): E 8, k 2
+# mixture-of-experts layouts (tests/unit/models/test_moe.py, tests/integration/cpp/test_moe_decode.py): E 8, k 2
 MOE_CONFIGS = {
     "sdar_moe": {"model_type": "sdar_moe", "architectures": ["SDARMoeForCausalLM"], "hidden_size": 64,
                  "num_attention_heads": 4, "num_key_value_heads": 2, "num_hidden_layers": 2, "intermediate_size": 96,
@@ -186,11 +186,11 @@ def kv_io_pairs(tmp_path_factory, tiny_artifact, selfspec_artifact):
 
 @pytest.fixture(scope="session")
 def diffusion_gemma_export(tmp_path_factory):
-    """A tame random DiffusionGemma checkpoint (tests/models/test_diffusion_gemma.py) and its
+    """A tame random DiffusionGemma checkpoint (tests/integration/models/test_diffusion_gemma.py) and its
     artifact, exported once: (checkpoint, artifact, export report)."""
     pytest.importorskip("transformers")
     from dllm_deploy.export.exporter import export
-    from tests.models.test_diffusion_gemma import _random_checkpoint
+    from tests.integration.models.test_diffusion_gemma import _random_checkpoint
 
     def build(root: Path) -> dict:
         ckpt = _random_checkpoint(root / "ckpt", 0.1, 0.1)

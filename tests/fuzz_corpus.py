@@ -1,4 +1,4 @@
-"""Mutated inputs shared by the Python fuzz tests (tests/test_fuzz.py) and the C++ readers' fuzzing:
+"""Mutated inputs shared by the Python fuzz tests (tests/integration/cli/test_fuzz.py) and the C++ readers' fuzzing:
 ``write_corpus`` writes artifact-like folders with a mutated manifest.json and prompt files with
 odd bytes, so both runtimes are tried on the very same files.
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Install what the aarch64 check needs (tests/cpp/test_aarch64.py): Debian's g++-aarch64-linux-gnu
+# Install what the aarch64 check needs (tests/integration/cpp/test_aarch64.py): Debian's g++-aarch64-linux-gnu
 # (the cross compiler and the target's sysroot, /usr/aarch64-linux-gnu), qemu-user, and the arm64
 # libpython of the venv's Python (multiarch: the Hugging Face tokenizer library of the aarch64
 # onnxruntime-extensions wheel is a Python extension module and needs its symbols), when they are

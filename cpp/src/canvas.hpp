@@ -1,6 +1,6 @@
 // Engine calls as plain values: the tokens, positions and mask of every forward the decode loop
 // makes. A mirror of dllm_deploy/runtime/canvas.py: the same builders, the same argument meaning,
-// the same Plan (tests/cpp/fixtures/ hold Python's plans; cpp/tests/test_canvas.cpp rebuilds each
+// the same Plan (tests/data/golden/ hold Python's plans; cpp/tests/test_canvas.cpp rebuilds each
 // one here and compares exactly). Nothing here runs a model.
 //
 //     block-causal model (cache exact | none | delayed)   bidirectional model (LLaDA, Dream: none | prefix | dual)

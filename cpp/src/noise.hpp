@@ -2,7 +2,7 @@
 // (row, position, step) sees is a pure function of (seed, request, position, step) and never "the
 // next draw" of a stream. A drafted SPD node and the base rule's step it stands for see the same
 // uniform, which keeps lossless SPD lossless under sampling. Mirrors dllm_deploy/runtime/noise.py
-// bit for bit (tests/cpp/fixtures/noise.json, checked by cpp/tests/test_noise.cpp).
+// bit for bit (tests/data/golden/noise.json, checked by cpp/tests/test_noise.cpp).
 #pragma once
 
 #include <array>

@@ -1,6 +1,6 @@
 // Decision traces: each decision of the decode loop and how close it came to going the other way.
 // A port of dllm_deploy/runtime/trace.py (its docstring defines the record and the margins); the
-// records of both runtimes are equal on one machine (tests/cpp/test_trace_cpp.py).
+// records of both runtimes are equal on one machine (tests/integration/cpp/test_trace_cpp.py).
 #include <algorithm>
 #include <cmath>
 #include <limits>

@@ -1,4 +1,4 @@
-// Reading the golden fixtures of tests/cpp/fixtures (JSON written by the Python tests): nested
+// Reading the golden fixtures of tests/data/golden (JSON written by the Python tests): nested
 // arrays flattened row-major, and the fixture files of a folder in name order.
 #pragma once
 

@@ -1,7 +1,7 @@
-// Golden plan check: every engine call recorded in tests/cpp/fixtures/*.json (plans made by
+// Golden plan check: every engine call recorded in tests/data/golden/*.json (plans made by
 // dllm_deploy/runtime/canvas.py during a real decode) is rebuilt with cpp/src/canvas.cpp from the
 // recorded inputs and compared exactly: ids, positions, mask, keep, cache and read.
-//   test_canvas FIXTURES_DIR      (CTest passes tests/cpp/fixtures)
+//   test_canvas FIXTURES_DIR      (CTest passes tests/data/golden)
 // Prints each call that differs (file, call index, builder, field) and exits 1 if any does.
 #include <algorithm>
 #include <cstdio>

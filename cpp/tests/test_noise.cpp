@@ -1,8 +1,8 @@
-// Golden noise check: cpp/src/noise.cpp against tests/cpp/fixtures/noise.json (dumped from
-// dllm_deploy/runtime/noise.py by tests/runtime/test_noise.py): per vector (seed, request,
+// Golden noise check: cpp/src/noise.cpp against tests/data/golden/noise.json (dumped from
+// dllm_deploy/runtime/noise.py by tests/unit/runtime/test_noise.py): per vector (seed, request,
 // position, step; 64-bit words as decimal strings) the first Philox4x64-10 output word (raw) of
 // counter (position, step, request, 0) under key (seed, 0), and the uniform u.
-//   test_noise NOISE_JSON      (CTest passes tests/cpp/fixtures/noise.json)
+//   test_noise NOISE_JSON      (CTest passes tests/data/golden/noise.json)
 // Prints each vector that differs and exits 1 if any does.
 #include <cstdio>
 #include <cstdlib>

@@ -1,8 +1,8 @@
-// Golden policy traces: every verification step recorded in tests/cpp/fixtures/policy/*.json (the
+// Golden policy traces: every verification step recorded in tests/data/golden/policy/*.json (the
 // inputs and decisions of dllm_deploy/runtime/strategies.py::Policy during a real decode) is
 // replayed through cpp/src/policy.cpp: plan(S, f(S), step) must draft the recorded nodes and
 // select(nodes, f(nodes), step) must choose the recorded node with the recorded steps accepted.
-//   test_policy FIXTURES_DIR      (CTest passes tests/cpp/fixtures/policy)
+//   test_policy FIXTURES_DIR      (CTest passes tests/data/golden/policy)
 // A trace of an option the C++ runtime does not take (spd --candidates) is skipped, and said so.
 // Prints each step that differs and exits 1 if any does (or if no trace was replayed).
 #include <algorithm>

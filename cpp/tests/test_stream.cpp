@@ -1,5 +1,5 @@
-// Golden chunk check: cpp/src/stream.cpp against tests/cpp/fixtures/stream.json (dumped from
-// dllm_deploy/runtime/stream.py::RowText by tests/cpp/test_stream_cpp.py): per case, the row's
+// Golden chunk check: cpp/src/stream.cpp against tests/data/golden/stream.json (dumped from
+// dllm_deploy/runtime/stream.py::RowText by tests/integration/cpp/test_stream_cpp.py): per case, the row's
 // final ids after each report, and the chunk (delta, token ids, finish reason) each report gives.
 // Multi-byte characters split across tokens, stop strings held back and cut, EOS, the budget.
 //   test_stream FIXTURES_DIR/stream.json

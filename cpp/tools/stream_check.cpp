@@ -1,6 +1,6 @@
 // dllm-stream-check: streaming through the C++ wrapper (dllm::Runtime::generate_stream with a
 // std::function), cancelled after N chunks, then a callback that throws, then the same runtime
-// decoding the whole prompt again. tests/cpp/test_stream_cpp.py runs it on the release and the
+// decoding the whole prompt again. tests/integration/cpp/test_stream_cpp.py runs it on the release and the
 // AddressSanitizer builds and compares the lines with Python.
 //   dllm-stream-check ARTIFACT PROMPT N [NAME=VALUE ...]      (decode options by name)
 // Prints four JSON lines: the N chunks delivered (a list), the cancelled result, the message the

@@ -1,5 +1,5 @@
 // dllm-tokenize: the C++ runtime's tokenizer of an artifact on JSON lines, so that a test can
-// compare it with Python's (tests/cpp/test_tokenizer_cpp.py).
+// compare it with Python's (tests/integration/cpp/test_tokenizer_cpp.py).
 //
 //   dllm-tokenize ARTIFACT_DIR < lines
 //   a line "text"      -> {"ids": encode(text), "text": decode(ids)}

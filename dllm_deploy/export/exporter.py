@@ -114,7 +114,7 @@ def share_weights(models: dict, folder: Path, weights_name: str, min_bytes: int 
 
 def _dummy(cfg, b: int, t: int, p: int, dtype, seed: int = 0):
     """Inputs of one call: ids, pos, mask, then the past and the sampling inputs (greedy: parity
-    compares the top-K; tests/runtime/test_sampling.py compares sampled choices) in one list."""
+    compares the top-K; tests/integration/runtime/test_sampling.py compares sampled choices) in one list."""
     import torch
     g = torch.Generator().manual_seed(seed)
     ids = torch.randint(0, cfg.vocab_size, (b, t), generator=g)

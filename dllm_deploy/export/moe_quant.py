@@ -3,7 +3,7 @@ com.microsoft.QMoE node over the same experts quantized (models/moe.py's contrib
 
 ONNX Runtime's weight quantizers (MatMulNBits, dynamic int8) rewrite MatMul nodes only, so without
 this the experts, most of a mixture-of-experts model's weights, would stay fp32. QMoE layout (the
-operator's schema, checked on the CPU provider in tests/export/test_moe_quant.py):
+operator's schema, checked on the CPU provider in tests/integration/export/test_moe_quant.py):
 - weights uint8 (E, N, K * bits / 8), N output rows of K inputs, packed low bits first (4 bits:
   element 2j in the low nibble of byte j);
 - scales (E, N) (one per row) or (E, N, K / block) (blocked), fp32;

@@ -3,7 +3,7 @@
 A ``Plan`` is one engine call; one builder per kind of call makes it from the rows' ``Prefix``
 and the block being decoded. Nothing here runs a model (numpy only): the loop runs a plan with
 ``PrefixState.run`` (prefix.py), the C++ runtime mirrors these builders, and
-tests/cpp/fixtures/ hold plans dumped from them.
+tests/data/golden/ hold plans dumped from them.
 
     block-causal model (cache exact | none | delayed)   bidirectional model (LLaDA, Dream: none | prefix | dual)
     first_block    [prompt | block]                   refresh        [prefix | block | suffix]

@@ -4,7 +4,7 @@ A counter-based generator (Philox4x64-10, Random123; numpy's ``np.random.Philox`
 runs the same function) makes the noise a pure function of where it is used, never "the next
 draw" of a stream: a drafted SPD node and its verification see the noise the base rule sees at
 that step, so lossless SPD stays lossless under sampling, and a row's tokens do not depend on the
-batch around it. The C++ runtime implements the same function (tests/cpp/fixtures/noise.json).
+batch around it. The C++ runtime implements the same function (tests/data/golden/noise.json).
 
     counter = (position, step, request, use), key = (seed, 0)     (use 0 here)
     u = float32((philox(counter, key)[0] >> 40) * 2**-24)      # 24 bits: exact, in [0, 1)

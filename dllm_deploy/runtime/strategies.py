@@ -18,7 +18,7 @@ from .tree import DEFAULT_TREE, Drafter, TreeSpec, make_tree, node_depths
 
 @dataclass
 class DecodeConfig:
-    """The implemented decode options of decode_options.json (names, order and defaults: tests/test_options.py
+    """The implemented decode options of decode_options.json (names, order and defaults: tests/unit/test_options.py
     checks them), plus ``schedule``, the lossy mode's tau (a structure, not an option)."""
     strategy: str = "vanilla"         # vanilla | threshold | spd
     gen_length: int = 256             # the canvas per prompt (rounded up to whole blocks)
