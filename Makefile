@@ -21,7 +21,7 @@ demo: $(STAMP)
 # both cores: inside pytest one worker built them while the other sat waiting for them.
 # lint-imports: the module layers of docs/architecture.md ([tool.importlinter] in pyproject.toml).
 # pytest runs a worker per core (pytest-xdist), each test file on one worker (its module fixtures
-# built once); TEST_WORKERS=0 runs the suite in this process. scripts/pytest_cpu.py records and sums
+# built once); TEST_WORKERS=0 runs the suite in this process. tests/pytest_cpu.py records and sums
 # the CPU each test takes (the suite is CPU-bound on 2 cores: its docstring says how to run it).
 TEST_WORKERS ?= auto
 test: $(STAMP) cpp
@@ -47,14 +47,14 @@ cpp: $(STAMP)
 # (--time-limit with --anneal-by-time), so a faster or slower machine takes other step counts and
 # gives other weights; about 4.3 hours in all. AUTOCAST=none on a CPU without AMX / AVX512-BF16,
 # where bf16 autocast is slower than fp32. The runs go to build/train-broad/, and E's files into the package.
-# `make train-core` retrains the closed-vocabulary weights of checkpoints/tiny-core (phase 1: 86
+# `make train-core` retrains the closed-vocabulary weights of lab/tiny-core (phase 1: 86
 # minutes on 2 CPU cores, 5.4 minutes on one H200, where the committed phase 1 was trained; phase
 # 2: 52 CPU-minutes); `make train-phase2` runs its phase 2 alone on that folder's weights;
 # tests/gpu/train_candidates.sh reads phase 2's flags from `make -s phase2-flags`.
 DEVICE   ?= cpu
 AUTOCAST ?= bf16
 TINY     := dllm_deploy/models/tiny
-CORE     := checkpoints/tiny-core
+CORE     := lab/tiny-core
 BROAD    := build/train-broad
 BROAD_FLAGS := --dist train --steps 40000 --anneal-by-time --device $(DEVICE)
 MIX_A := count=3,reverse=2,upper=1.2,kv=1,csv=0.8,letter=0.4,text=0.5
@@ -92,7 +92,7 @@ SELFSPEC := checkpoints/tiny-selfspec
 train-selfspec: $(STAMP)
 	$(PY) -m dllm_deploy.training.self_spec --out $(SELFSPEC) --steps 1500 --lr 5e-4 --threads 2
 
-# Self-distillation of the bundled model with the best recipe measured on checkpoints/tiny-core
+# Self-distillation of the bundled model with the best recipe measured on lab/tiny-core
 # (docs/research/distill.md: in distribution, cross-entropy only; about 28 minutes on 2 cores, 55 CPU-minutes; not part of CI).
 # The student goes to build/tiny-distilled. --force replaces only a checkpoint that distill wrote.
 distill: $(STAMP)

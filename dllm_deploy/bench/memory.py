@@ -1,6 +1,6 @@
 """Peak memory of the ONNX Runtime CPU backend, measured: one decode configuration per fresh
 process, compared with the memory model's estimate (profiles/memory.py). ``dllm-deploy bench``
-and scripts/memory_table.py (the docs/profiles.md table) run it; the estimate itself needs no
+and lab/memory_table.py (the docs/profiles.md table) run it; the estimate itself needs no
 measurement and stays with the profiles.
 """
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Plots and ``docs/BENCHMARKS.md`` from a ``dllm-deploy bench --json`` result.
 
-    dllm-deploy report benchmarks/bench.json --out docs/BENCHMARKS.md --plots benchmarks/plots
+    dllm-deploy report lab/bench.json --out docs/BENCHMARKS.md --plots lab/plots
 
 Every figure in the report is read from the JSON; nothing is typed in by hand. matplotlib is
 needed for the plots only (the ``dev`` extra); the markdown is written without it.
@@ -155,24 +155,24 @@ def _fmt(v, spec=".2f", none="n/a"):
     return none if v is None else format(v, spec)
 
 
-SERVERS = ("one-at-a-time", "static", "continuous")     # benchmarks/load_ab.sh's three servers
+SERVERS = ("one-at-a-time", "static", "continuous")     # lab/load_ab.sh's three servers
 
 
 def load_test(path: str | Path) -> dict:
-    """A load-ab JSON (benchmarks/load_table.py), or a one-line UserError naming the file."""
+    """A load-ab JSON (lab/load_table.py), or a one-line UserError naming the file."""
     p = Path(path)
     try:
         d = json.loads(read_text(p, "not a load-test result (not UTF-8)"))
     except json.JSONDecodeError as e:
         raise UserError(f"{p}: not a load-test result ({e.msg}, line {e.lineno})") from None
     if not isinstance(d, dict) or not isinstance(d.get("levels"), dict):
-        raise UserError(f"{p}: not a load-test result (no levels; run benchmarks/load_table.py)")
+        raise UserError(f"{p}: not a load-test result (no levels; run lab/load_table.py)")
     return d
 
 
 def load_rows(load: dict) -> list[str]:
-    """The serving load table (markdown rows) of a load-ab JSON (benchmarks/load_table.py writes it
-    from benchmarks/load_ab.sh's loadtest runs): tokens/s per server and the throughput ratios
+    """The serving load table (markdown rows) of a load-ab JSON (lab/load_table.py writes it
+    from lab/load_ab.sh's loadtest runs): tokens/s per server and the throughput ratios
     measured in the same interleaved run, p50 latency, lost and corrupted answers."""
     lines = ["| clients | one at a time tok/s | static x8 tok/s | continuous x8 tok/s | static / one | continuous / one "
              "| continuous / static | p50 ms: one / static / continuous | lost / corrupted |",
@@ -194,7 +194,7 @@ PEER_KEYS = ("engine", "forwards", "ms_per_forward", "tokens_per_s")
 
 
 def load_peers(paths: list[str]) -> list[tuple[str, dict]]:
-    """(source, result) of each peer run (benchmarks/peers/run_llama_cpp.py writes them), or a
+    """(source, result) of each peer run (lab/peers/run_llama_cpp.py writes them), or a
     one-line UserError naming the file."""
     out = []
     for path in paths:
@@ -205,7 +205,7 @@ def load_peers(paths: list[str]) -> list[tuple[str, dict]]:
             raise UserError(f"{p}: not a peers result ({e.msg}, line {e.lineno})") from None
         rows = d.get("rows") if isinstance(d, dict) else None
         if not rows or not isinstance(rows, list) or not all(isinstance(r, dict) and set(PEER_KEYS) <= r.keys() for r in rows):
-            raise UserError(f"{p}: not a peers result (rows of {', '.join(PEER_KEYS)}; run benchmarks/peers/llama_cpp.sh)")
+            raise UserError(f"{p}: not a peers result (rows of {', '.join(PEER_KEYS)}; run lab/peers/llama_cpp.sh)")
         out.append((str(path), d))
     return out
 
@@ -282,7 +282,7 @@ def _peers_section(peers: list[tuple[str, dict]], plot: Path | None, doc_path) -
 
 def _load_section(load: dict, source: str) -> list[str]:
     return ["## Serving load test", "",
-            (f"From `{source}` (`benchmarks/load_ab.sh`, then `python benchmarks/load_table.py`): "
+            (f"From `{source}` (`lab/load_ab.sh`, then `python lab/load_table.py`): "
              f"{load.get('note', '')}. Method, commands, streamed figures and faults: docs/serving.md."), "",
             *load_rows(load), ""]
 

@@ -16,9 +16,9 @@ def add_parser(sub) -> None:
                     help="another bench run (e.g. of a distilled model): its Pareto front and equal-quality figures beside these")
     rp.add_argument("--compare-label", default="other run", help="what to call the --compare run in the doc and plot")
     rp.add_argument("--peers", nargs="+", default=None, metavar="JSON",
-                    help="peer runs (benchmarks/peers/*.json): a Peers table, and with --plots a tokens/s plot")
+                    help="peer runs (lab/peers/*.json): a Peers table, and with --plots a tokens/s plot")
     rp.add_argument("--load-test", default=None, metavar="JSON",
-                    help="add the serving load table from benchmarks/load_table.py's JSON (benchmarks/load-ab.json)")
+                    help="add the serving load table from lab/load_table.py's JSON (lab/load-ab.json)")
     rp.set_defaults(func=run)
 
 

@@ -13,7 +13,7 @@ from .moe_quant import quantize_experts
 # the weight products of the exported graph, by the node names torch gives them (module paths),
 # that the int8 variant can keep in fp32 (docs/precision.md: the MLP's down-projection reads the
 # widest activations, and keeping it more than halves int8's logit error on the core-vocabulary
-# weights (checkpoints/tiny-core))
+# weights (lab/tiny-core))
 INT8_PRODUCTS = {"qkv": r"/self_attn/MatMul$", "o_proj": r"/o_proj/MatMul$", "gate_up": r"/mlp/MatMul$",
                  "down_proj": r"/down_proj/MatMul$", "lm_head": r"/lm_head/MatMul$"}
 # a mixture-of-experts router's product: never quantized (its weights are few, and a rounded score

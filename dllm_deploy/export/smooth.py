@@ -2,7 +2,7 @@
 
 Dynamic int8 (``onnxruntime.quantization.quantize_dynamic``) quantizes each MatMul's activation
 as one tensor with one scale, so a few outlier channels (the MLP's down-projection input reaches
-about 90 where the rest stay below 8 on the core-vocabulary weights, checkpoints/tiny-core) leave
+about 90 where the rest stay below 8 on the core-vocabulary weights, lab/tiny-core) leave
 every other channel a few steps of resolution. Smoothing divides each input channel j of a
 product by s_j and multiplies row j of its weight by s_j, with s_j = max|X_j|^alpha /
 max|W_j|^(1 - alpha): the product is unchanged, the activation's range is evened out and the

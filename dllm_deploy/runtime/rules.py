@@ -68,7 +68,7 @@ class Threshold:
 
     ``lead`` (None: tau) is the bar for the leftmost masked position, every position before it
     committed: there the model predicts with its whole left context, as an autoregressive step
-    would, and on the core-vocabulary weights (checkpoints/tiny-core) a bar of 0.7 there kept
+    would, and on the core-vocabulary weights (lab/tiny-core) a bar of 0.7 there kept
     vanilla's accuracy at 25% more tokens per forward (docs/algorithms.md). Above the step's tau
     it has no effect."""
     tau: float = 0.9

@@ -22,7 +22,7 @@ from ..options import PRESETS
 from .rules import _ranked_masked, commit
 
 CHAIN, RUNNER_UP, CONSERVATIVE, ALT_POSITION = 0, 1, 2, 3
-DEFAULT_TREE = "fork"   # the best measured on the core-vocabulary weights (checkpoints/tiny-core; docs/algorithms.md)
+DEFAULT_TREE = "fork"   # the best measured on the core-vocabulary weights (lab/tiny-core; docs/algorithms.md)
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,6 @@
 """GPU check for `dllm-deploy bench` (run by hand where a GPU is lent; not collected by pytest):
 
-    python tests/gpu/check_bench_gpu.py [--out benchmarks/gpu] [--backends torch,ort] [--no-plots]
+    python tests/gpu/check_bench_gpu.py [--out lab/gpu] [--backends torch,ort] [--no-plots]
 
 Exports the tiny model, then runs the bench's table with the torch backend on CUDA (and ONNX
 Runtime, on whatever providers this environment's onnxruntime has): forward cost against W*L
@@ -20,7 +20,7 @@ from pathlib import Path
 
 def main() -> int:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--out", default="benchmarks/gpu")
+    ap.add_argument("--out", default="lab/gpu")
     ap.add_argument("--backends", default="torch,ort")
     ap.add_argument("--no-plots", action="store_true", help="bench.json and BENCHMARKS.md only")
     a = ap.parse_args()

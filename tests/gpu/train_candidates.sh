@@ -7,7 +7,7 @@
 #    TensorRT check (skips where TensorRT is not installed);
 # 2. trains candidate recipes for the bundled tiny dLLM concurrently on the GPU, each stopped and
 #    saved at the time limit (training.json records whether it finished);
-# 3. unless PHASE2=0, then trains checkpoints/tiny-core's second diffusion phase (that of
+# 3. unless PHASE2=0, then trains lab/tiny-core's second diffusion phase (that of
 #    `make train-phase2`, flags from `make -s phase2-flags`; P2STEPS=N overrides its 8000 steps) on
 #    each result, concurrently, into NAME-p2 (time limit LIMIT2, default the first one), and packs
 #    each folder as $OUT/NAME.tgz (and NAME-p2.tgz) for `dllm-deploy eval --model FOLDER` on the
@@ -21,7 +21,7 @@ shift || true
 RECIPES=("$@")
 # default: phase-1 candidates for an all-CPU recipe within 90 minutes, each followed by
 # phase 2 (8000 steps: about 52 CPU-minutes; P2STEPS=4000: about 25, which reached 0.880 on r1).
-# r1 is checkpoints/tiny-core's phase 1 (with phase 2: tiny-core's whole recipe, `make train-core`,
+# r1 is lab/tiny-core's phase 1 (with phase 2: tiny-core's whole recipe, `make train-core`,
 # all on the GPU); c55 ends the warm-up 1200 steps after its loss drop, then diffusion up to 5500
 # steps (about 64 CPU-minutes at 0.67 s a warm-up step); w45 ends it 600 steps after, within 4500
 # steps (about 50 CPU-minutes).

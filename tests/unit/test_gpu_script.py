@@ -65,7 +65,7 @@ def test_bench_summary_line_from_the_h200_bench_json():
     spec = importlib.util.spec_from_file_location("check_bench_gpu", ROOT / "tests" / "gpu" / "check_bench_gpu.py")
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
-    bench = json.loads((ROOT / "benchmarks" / "gpu" / "h200" / "bench.json").read_text())
+    bench = json.loads((ROOT / "lab" / "gpu" / "h200" / "bench.json").read_text())
     line = mod.summary(bench)
     assert line == ("summary: torch: forward ms W1 8.1, W2 8.0, W4 8.0, W8 7.5, W16 8.1; "
                     "best 426 tok/s (torch:spd W4 lossless/threshold tau0.9)")

@@ -56,3 +56,16 @@ def test_each_forbidden_import_breaks_its_contract(tmp_path):
         assert any(contract in ln for ln in broken), (contract, p.stdout[-3000:])
         importer = "dllm_deploy." + module.removesuffix(".py").removesuffix("/__init__").replace("/", ".")
         assert importer in p.stdout, (importer, p.stdout[-3000:])
+
+
+def test_nothing_imports_the_lab():
+    """lab/ (experiments, table generators, results) is cited by the docs and imported by no module
+    of the package or the tests: a user's install and the suite never depend on it."""
+    import ast
+    found = []
+    for path in sorted([*(ROOT / "dllm_deploy").rglob("*.py"), *(ROOT / "tests").rglob("*.py")]):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+                [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level else []
+            found += [f"{path.relative_to(ROOT)}:{node.lineno} {n}" for n in names if n.split(".")[0] in ("lab", "benchmarks")]
+    assert found == [], found

@@ -152,26 +152,26 @@ def test_report_adds_the_serving_load_table(tmp_path):
     """The committed bench and load-test results give the load section, its ratios computed from the
     load JSON (tokens/s of one level, three servers measured in one run); a bad load file: one line."""
     root = Path(__file__).resolve().parents[3]
-    load = json.loads((root / "benchmarks" / "load-ab.json").read_text())
+    load = json.loads((root / "lab" / "load-ab.json").read_text())
     doc = tmp_path / "B.md"
-    assert main(["report", str(root / "benchmarks" / "bench.json"), "--out", str(doc),
-                 "--load-test", str(root / "benchmarks" / "load-ab.json")]) == 0
+    assert main(["report", str(root / "lab" / "bench.json"), "--out", str(doc),
+                 "--load-test", str(root / "lab" / "load-ab.json")]) == 0
     text = doc.read_text()
     assert "## Serving load test" in text
     for c, r in load["levels"].items():
         one, cont = r["one-at-a-time"]["tokens_per_s"], r["continuous"]["tokens_per_s"]
         assert f"| {c} | {one:.1f} |" in text and f"| {cont / one:.2f}x |" in text
     (tmp_path / "bad.json").write_text('{"runs": []}')
-    assert main(["report", str(root / "benchmarks" / "bench.json"), "--load-test", str(tmp_path / "bad.json")]) == 2
+    assert main(["report", str(root / "lab" / "bench.json"), "--load-test", str(tmp_path / "bad.json")]) == 2
 
 
 def test_report_adds_the_peers_table_and_plot(tmp_path, capsys):
     """--peers: each committed peer run's engines with their ratios to the run's first engine,
     computed from the peer JSON, and a tokens/s plot linked from the doc; a bad file: one line."""
     root = Path(__file__).resolve().parents[3]
-    peers = sorted((root / "benchmarks" / "peers").glob("*.json"))
+    peers = sorted((root / "lab" / "peers").glob("*.json"))
     doc = tmp_path / "docs" / "B.md"
-    assert main(["report", str(root / "benchmarks" / "bench.json"), "--out", str(doc), "--plots", str(tmp_path / "plots"),
+    assert main(["report", str(root / "lab" / "bench.json"), "--out", str(doc), "--plots", str(tmp_path / "plots"),
                  "--peers", *map(str, peers)]) == 0
     text = doc.read_text()
     assert "## Peers" in text and "](../plots/peers.png)" in text and (tmp_path / "plots" / "peers.png").stat().st_size
@@ -192,16 +192,16 @@ def test_report_adds_the_peers_table_and_plot(tmp_path, capsys):
             assert f"- `{path}`: {engine} did not run ({why})" in text
     capsys.readouterr()
     (tmp_path / "bad.json").write_text('{"rows": [{"engine": "x"}]}')
-    assert main(["report", str(root / "benchmarks" / "bench.json"), "--peers", str(tmp_path / "bad.json")]) == 2
+    assert main(["report", str(root / "lab" / "bench.json"), "--peers", str(tmp_path / "bad.json")]) == 2
     assert capsys.readouterr().err.strip().splitlines() == [
         f"dllm-deploy: error: {tmp_path / 'bad.json'}: not a peers result (rows of engine, forwards, ms_per_forward, "
-        "tokens_per_s; run benchmarks/peers/llama_cpp.sh)"]
+        "tokens_per_s; run lab/peers/llama_cpp.sh)"]
 
 
 def test_report_shows_equal_quality_of_both_runs(tmp_path):
     """--compare: the other run's equal-quality picks beside this run's, recomputed from its runs."""
     root = Path(__file__).resolve().parents[3]
-    src = root / "benchmarks" / "bench.json"
+    src = root / "lab" / "bench.json"
     doc = tmp_path / "B.md"
     assert main(["report", str(src), "--compare", str(src), "--compare-label", "distilled", "--out", str(doc)]) == 0
     text = doc.read_text()

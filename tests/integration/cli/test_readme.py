@@ -1,6 +1,6 @@
 """The README's commands run as shown and print what the README says they print.
 
-Every ``dllm-deploy`` line of the README's bash blocks runs (paths under build/, benchmarks/ and
+Every ``dllm-deploy`` line of the README's bash blocks runs (paths under build/, lab/ and
 docs/ that a command writes are redirected into a temporary folder; a ``--tune`` overlay goes to a temporary profile
 folder); where a line ends with ``# -> TEXT``, TEXT must be printed. The Python block runs too.
 """
@@ -42,7 +42,7 @@ def _relocate(cmd: str, tmp: Path) -> list[str]:
     args = shlex.split(cmd)
     for i, arg in enumerate(args):
         writes = args[i - 1] in ("--out", "--json-out", "--plots", "--tune-out")
-        if arg.startswith("build/") or (writes and arg.startswith(("benchmarks/", "docs/"))):
+        if arg.startswith("build/") or (writes and arg.startswith(("lab/", "docs/"))):
             args[i] = str(tmp / arg)
     return [sys.executable, "-m", "dllm_deploy.cli", *args[1:]]
 
@@ -50,7 +50,7 @@ def _relocate(cmd: str, tmp: Path) -> list[str]:
 @pytest.fixture(scope="module")
 def workdir(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("readme")
-    for sub in ("build", "benchmarks", "docs", "profiles"):
+    for sub in ("build", "lab", "docs", "profiles"):
         (tmp / sub).mkdir()
     return tmp
 

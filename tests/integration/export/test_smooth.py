@@ -46,7 +46,7 @@ def test_smoothing_keeps_the_function_and_evens_the_ranges():
 def test_int8_error_falls_with_smoothing_and_the_fp32_down_projection(tiny_artifact, tmp_path):
     """On held-out decode states, the default int8 (smoothed, the down-projection kept in fp32) is
     closer to fp32 than plain per-channel int8. Each step's share is a measurement
-    (benchmarks/int8_fidelity.py, docs/precision.md); here the recipe's record and the direction."""
+    (lab/int8_fidelity.py, docs/precision.md); here the recipe's record and the direction."""
     plain = tmp_path / "plain"
     export("tiny", plain, precisions=["fp32", "int8"], int8_smooth=0, int8_fp32=(), log=lambda m: None)
     default = tiny_artifact[0]

@@ -1,12 +1,12 @@
 """The bundled model copies words it never saw in training (it was base-trained on broad inputs,
-docs/training.md); checkpoints/tiny-core, trained on the 149-word core vocabulary only, does not."""
+docs/training.md); lab/tiny-core, trained on the 149-word core vocabulary only, does not."""
 from __future__ import annotations
 
 from pathlib import Path
 
 import pytest
 
-CORE = Path(__file__).resolve().parents[3] / "checkpoints" / "tiny-core"
+CORE = Path(__file__).resolve().parents[3] / "lab" / "tiny-core"
 PROMPTS = {"upper: hello world\n": "HELLO WORLD",
            "reverse: the zebra likes green mangoes\n": "mangoes green likes zebra the"}
 
