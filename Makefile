@@ -90,7 +90,7 @@ phase2-flags:
 # layout (docs/training.md, "The self-speculative model"; not part of CI).
 SELFSPEC := checkpoints/tiny-selfspec
 train-selfspec: $(STAMP)
-	$(PY) -m dllm_deploy.training.self_spec --out $(SELFSPEC) --steps 1500 --lr 5e-4 --threads 2
+	$(VENV)/bin/dllm-deploy train-selfspec --out $(SELFSPEC) --steps 1500 --lr 5e-4 --threads 2
 
 # Self-distillation of the bundled model with the best recipe measured on lab/tiny-core
 # (docs/research/distill.md: in distribution, cross-entropy only; about 28 minutes on 2 cores, 55 CPU-minutes; not part of CI).

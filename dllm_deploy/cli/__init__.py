@@ -14,7 +14,7 @@ from ..errors import UserError
 
 # the modules of the commands, in the order ``dllm-deploy --help`` lists them
 COMMANDS = ("generate", "trace_diff", "evaluate", "export", "bench", "report", "profiles", "build_engines", "serve",
-            "openai", "triton_repo", "loadtest", "distill", "train", "demo")
+            "openai", "triton_repo", "loadtest", "distill", "train", "train_selfspec", "demo")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -55,3 +55,22 @@ def add_train_arguments(ap) -> None:
     ap.add_argument("--dist", choices=("core", "train"), default="core",
                     help="task inputs: core (the 149-word vocabulary the bundled model learned) or train "
                          "(half core, half broad: random words, any sentence length; never the generalization split's)")
+
+
+SELF_SPEC_BLOCK = 16   # the tri-mode model's draft block (training/self_spec.py)
+TINY = Path(__file__).resolve().parents[1] / "models" / "tiny"
+
+
+def add_self_spec_arguments(ap) -> None:
+    """The flags of ``dllm-deploy train-selfspec`` (training/self_spec.py) on the parser ``ap``."""
+    ap.add_argument("--out", type=Path, required=True, help="folder for config.json + model.safetensors")
+    ap.add_argument("--init-from", type=Path, default=TINY,
+                    help="the block-diffusion checkpoint to start from (default: the bundled tiny model)")
+    ap.add_argument("--steps", type=int, default=1500)
+    ap.add_argument("--batch", type=int, default=8)
+    ap.add_argument("--lr", type=float, default=5e-4)
+    ap.add_argument("--warmup", type=int, default=50)
+    ap.add_argument("--alpha", type=float, default=1.0, help="weight of the diffusion loss")
+    ap.add_argument("--block", type=int, default=SELF_SPEC_BLOCK, help="draft block length")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--threads", type=int, default=2)

@@ -2,7 +2,7 @@
 decodes autoregressively and drafts blocks by diffusion, as Nemotron-Labs-Diffusion is trained
 (joint loss L_AR + alpha * L_diff on the same weights), in that family's layout.
 
-    python -m dllm_deploy.training.self_spec --out checkpoints/tiny-selfspec     # make train-selfspec
+    dllm-deploy train-selfspec --out checkpoints/tiny-selfspec     # make train-selfspec
 
 Each training row is ``[clean | noisy]`` over one sequence (prompt, answer, EOS):
 - the clean copy attends causally; its logit i is scored against token i+1 over the answer (the
@@ -29,13 +29,15 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from ..errors import UserError
 from ..models.config import DLLMConfig
 from ..models.registry import get_family
 from ..models.tokenizer import ByteTokenizer
 from .train import sample_example
 from ..models.transformer import DLLM
+from .flags import SELF_SPEC_BLOCK, add_self_spec_arguments
 
-BLOCK = 16
+BLOCK = SELF_SPEC_BLOCK
 FULL_SHARE = 0.6     # share of noisy blocks fully masked after their seed (the LinearSpec draft)
 
 
@@ -99,23 +101,36 @@ def make_batch(rng: random.Random, n: int, tok: ByteTokenizer, held_out: set[str
 
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--out", type=Path, required=True)
-    ap.add_argument("--init-from", type=Path, default=Path(__file__).resolve().parents[1] / "models" / "tiny",
-                    help="the block-diffusion checkpoint to start from (default: the bundled tiny model)")
-    ap.add_argument("--steps", type=int, default=1500)
-    ap.add_argument("--batch", type=int, default=8)
-    ap.add_argument("--lr", type=float, default=5e-4)
-    ap.add_argument("--warmup", type=int, default=50)
-    ap.add_argument("--alpha", type=float, default=1.0, help="weight of the diffusion loss")
-    ap.add_argument("--block", type=int, default=BLOCK)
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--threads", type=int, default=2)
-    args = ap.parse_args(argv)
+    add_self_spec_arguments(ap)
+    try:
+        run(ap.parse_args(argv))
+    except UserError as e:
+        raise SystemExit(f"error: {e}") from None
+
+
+def command(args) -> str:
+    """The command line that repeats a run with ``args`` (its training record's "command")."""
+    init = args.init_from.resolve()
+    init = init.relative_to(Path.cwd()) if init.is_relative_to(Path.cwd()) else init
+    return (f"dllm-deploy train-selfspec --out {args.out} --init-from {init} --steps {args.steps} --batch {args.batch} "
+            f"--lr {args.lr} --warmup {args.warmup} --alpha {args.alpha} --block {args.block} --seed {args.seed} "
+            f"--threads {args.threads}")
+
+
+def run(args) -> None:
+    """Fine-tune with the parsed flags (``dllm-deploy train-selfspec``, ``main``)."""
+    for flag in ("steps", "batch", "warmup", "block", "threads"):
+        if getattr(args, flag) < 1:
+            raise UserError(f"--{flag} must be at least 1, got {getattr(args, flag)}")
     torch.manual_seed(args.seed)
     torch.set_num_threads(args.threads)
     rng = random.Random(args.seed)
     tok = ByteTokenizer()
     src = DLLMConfig.from_file(args.init_from / "config.json")
+    kind = json.loads((args.init_from / "config.json").read_text()).get("model_type")
+    if kind != "dllm_block":
+        raise UserError(f"--init-from {args.init_from}: expected a checkpoint of the bundled tiny model's layout "
+                        f"(model_type dllm_block, as `dllm-deploy train` writes), got {kind!r}")
     raw = hf_config(src)
     raw["block_size"] = args.block
     cfg = DLLMConfig.from_hf(raw)
@@ -163,7 +178,7 @@ def main(argv=None) -> None:
     meta = {"init_from": str(init.relative_to(Path.cwd()) if init.is_relative_to(Path.cwd()) else init), "steps": args.steps, "batch": args.batch, "lr": args.lr,
             "alpha": args.alpha, "block": args.block, "full_share": FULL_SHARE, "seed": args.seed,
             "threads": args.threads, "torch": torch.__version__, "elapsed_s": round(time.time() - t0, 1),
-            "command": "python -m dllm_deploy.training.self_spec " + " ".join(argv if argv is not None else sys.argv[1:])}
+            "command": command(args)}
     (args.out / "training.json").write_text(json.dumps(meta, indent=2) + "\n")
 
 

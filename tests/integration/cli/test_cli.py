@@ -53,6 +53,8 @@ def test_eval_json_keys(capsys):
     (["generate", "--artifact", "/no/such/artifact", "--prompt", "x"], "no such artifact folder"),
     (["eval", "--tasks", "poetry"], "unknown task 'poetry'"),
     (["train", "--out", "/tmp/never-written", "--mix", "poetry=1"], "--mix: unknown family 'poetry'"),
+    (["train-selfspec", "--out", "/tmp/never-written", "--steps", "0"], "--steps must be at least 1, got 0"),
+    (["train-selfspec", "--out", "/tmp/never-written", "--init-from", "/no/such/dir"], "no config.json"),
 ])
 def test_user_errors_exit_2_with_one_line(args, msg, capsys):
     rc, _, err = run(args, capsys)
@@ -80,3 +82,23 @@ def test_train_writes_a_checkpoint_the_runtime_decodes(tmp_path, capsys):
     assert json.loads((out / "training.json").read_text())["steps"] == 3
     r = Runtime.load(model=str(out)).generate("upper: ab\n", gen_length=32)[0]
     assert r.forwards >= 1 and len(r.token_ids) >= 1
+
+
+def test_train_selfspec_fine_tunes_into_the_tri_mode_layout(tmp_path, capsys):
+    """`dllm-deploy train-selfspec` (2 steps from the bundled model): a checkpoint of the
+    Nemotron-Labs-Diffusion layout whose record repeats the command, which the runtime loads and
+    decodes autoregressively; a checkpoint of another layout to start from is one line, exit 2."""
+    from dllm_deploy import Runtime
+    from tests.conftest import write_checkpoint
+    out = tmp_path / "selfspec"
+    rc, _, _ = run(["train-selfspec", "--out", str(out), "--steps", "2", "--batch", "2", "--threads", "1"], capsys)
+    assert rc == 0
+    assert json.loads((out / "config.json").read_text())["model_type"] == "nemotron_labs_diffusion"
+    record = json.loads((out / "training.json").read_text())
+    assert record["steps"] == 2 and record["command"].startswith(f"dllm-deploy train-selfspec --out {out} ")
+    r = Runtime.load(model=str(out)).generate("upper: ab\n", strategy="ar", gen_length=8)[0]
+    assert r.forwards >= 1 and len(r.token_ids) >= 1
+    llada = write_checkpoint(tmp_path / "llada", "llada")
+    rc, _, err = run(["train-selfspec", "--out", str(tmp_path / "x"), "--init-from", str(llada)], capsys)
+    assert rc == 2 and "expected a checkpoint of the bundled tiny model's layout" in err and err.count("\n") == 1
+    assert not (tmp_path / "x").exists()
