@@ -2,7 +2,10 @@
 
 Every ``dllm-deploy`` line of the README's bash blocks runs (paths under build/, lab/ and
 docs/ that a command writes are redirected into a temporary folder; a ``--tune`` overlay goes to a temporary profile
-folder); where a line ends with ``# -> TEXT``, TEXT must be printed. The Python block runs too.
+folder); where a line ends with ``# -> TEXT``, TEXT must be printed. The commands run in this
+process through ``cli.main`` (an interpreter and its imports per command cost more than most of
+them), one of them through the installed ``dllm-deploy`` console script as a user runs it; the
+Python block runs in its own interpreter.
 """
 from __future__ import annotations
 
@@ -10,7 +13,6 @@ import json
 import os
 import re
 import shlex
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -39,12 +41,35 @@ def readme_commands() -> list[tuple[str, str | None]]:
 
 
 def _relocate(cmd: str, tmp: Path) -> list[str]:
+    """The command's arguments after ``dllm-deploy``, with the paths it writes under ``tmp``."""
     args = shlex.split(cmd)
     for i, arg in enumerate(args):
         writes = args[i - 1] in ("--out", "--json-out", "--plots", "--tune-out")
         if arg.startswith("build/") or (writes and arg.startswith(("lab/", "docs/"))):
             args[i] = str(tmp / arg)
-    return [sys.executable, "-m", "dllm_deploy.cli", *args[1:]]
+    return args[1:]
+
+
+CONSOLE_SCRIPT = "profiles explain"   # the command that runs through the installed console script
+
+
+def _run(argv: list[str], env: dict, capsys, monkeypatch) -> tuple[int, str, str]:
+    """(exit status, stdout, stderr) of ``dllm-deploy ARGV`` run in this process, from the
+    repository root, with ``env`` set; torch's thread count is put back (a command may set it)."""
+    from dllm_deploy.cli import main
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    monkeypatch.chdir(REPO)
+    torch = sys.modules.get("torch")
+    threads = torch.get_num_threads() if torch else None
+    capsys.readouterr()
+    try:
+        rc = main(argv)
+    finally:
+        if threads is not None:
+            torch.set_num_threads(threads)
+    out = capsys.readouterr()
+    return rc, out.out, out.err
 
 
 @pytest.fixture(scope="module")
@@ -62,17 +87,29 @@ def test_readme_shows_commands():
 
 
 @pytest.mark.parametrize("index", range(len(readme_commands())))
-def test_readme_command(index, workdir):
+def test_readme_command(index, workdir, capsys, monkeypatch):
     cmd, expect = readme_commands()[index]
     if index > 0 and not (workdir / "build" / "tiny").exists():
         pytest.skip("the README's export command did not run")
-    env = dict(os.environ, DLLM_DEPLOY_PROFILES=str(workdir / "profiles"))
-    r = subprocess.run(_relocate(cmd, workdir), capture_output=True, text=True, timeout=600, env=env, cwd=REPO)
-    assert r.returncode == 0, f"{cmd}\n{r.stderr[-2000:]}"
+    env = {"DLLM_DEPLOY_PROFILES": str(workdir / "profiles")}
+    argv = _relocate(cmd, workdir)
+    if cmd.startswith(f"dllm-deploy {CONSOLE_SCRIPT}"):
+        script = Path(sys.executable).with_name("dllm-deploy")
+        r = subprocess.run([str(script), *argv], capture_output=True, text=True, timeout=600,
+                           env={**os.environ, **env}, cwd=REPO)
+        rc, out, err = r.returncode, r.stdout, r.stderr
+    else:
+        rc, out, err = _run(argv, env, capsys, monkeypatch)
+    assert rc == 0, f"{cmd}\n{err[-2000:]}"
     if expect is not None:
-        assert expect in r.stdout, f"{cmd} printed {r.stdout!r}"
+        assert expect in out, f"{cmd} printed {out!r}"
     if re.search(r"--json(\s|$)", cmd):
-        json.loads(r.stdout)
+        json.loads(out)
+
+
+def test_one_command_runs_through_the_console_script():
+    assert sum(c.startswith(f"dllm-deploy {CONSOLE_SCRIPT}") for c, _ in readme_commands()) == 1
+    assert Path(sys.executable).with_name("dllm-deploy").exists()
 
 
 def test_readme_python_block(workdir):
