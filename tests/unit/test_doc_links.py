@@ -55,3 +55,13 @@ def test_relative_links_resolve(doc):
         elif anchor and dest.suffix == ".md" and anchor not in anchors(dest):
             broken.append(f"{target}: no heading #{anchor} in {dest.relative_to(REPO)}")
     assert broken == [], broken
+
+
+def test_the_architecture_names_every_module():
+    """docs/architecture.md's Modules section names every module of the package (as `name.py`)."""
+    doc = (REPO / "docs" / "architecture.md").read_text()
+    section = doc.split("## Modules", 1)[1].split("\n## ", 1)[0]
+    missing = [str(p.relative_to(REPO)) for p in sorted((REPO / "dllm_deploy").rglob("*.py"))
+               if not p.name.startswith("__") and f"`{p.name}`" not in section
+               and f"`{p.parent.name}/{p.name}`" not in section]
+    assert missing == [], missing
