@@ -1,8 +1,10 @@
-"""The flags of ``dllm-deploy train`` (training/train.py): torch-free, so that the command line
-declares them without loading torch."""
+"""The flags of ``dllm-deploy train`` (training/train.py) and ``dllm-deploy train-selfspec``
+(training/self_spec.py): torch-free, so that the command line declares them without loading torch."""
 from __future__ import annotations
 
 from pathlib import Path
+
+from ..models.loading import TINY_DIR
 
 COPIES = 1  # independent noisy copies of the answer per row
 SUFFIX_SHARE = 0.5  # share of blocks noised by suffix masking (the rest: each token masked w.p. t ~ U(0,1))
@@ -58,13 +60,12 @@ def add_train_arguments(ap) -> None:
 
 
 SELF_SPEC_BLOCK = 16   # the tri-mode model's draft block (training/self_spec.py)
-TINY = Path(__file__).resolve().parents[1] / "models" / "tiny"
 
 
 def add_self_spec_arguments(ap) -> None:
     """The flags of ``dllm-deploy train-selfspec`` (training/self_spec.py) on the parser ``ap``."""
     ap.add_argument("--out", type=Path, required=True, help="folder for config.json + model.safetensors")
-    ap.add_argument("--init-from", type=Path, default=TINY,
+    ap.add_argument("--init-from", type=Path, default=TINY_DIR,
                     help="the block-diffusion checkpoint to start from (default: the bundled tiny model)")
     ap.add_argument("--steps", type=int, default=1500)
     ap.add_argument("--batch", type=int, default=8)

@@ -108,12 +108,16 @@ def main(argv=None) -> None:
         raise SystemExit(f"error: {e}") from None
 
 
+def _shown(path: Path) -> Path:
+    """``path`` relative to the working folder where it lies under it (the training record's form)."""
+    path = path.resolve()
+    return path.relative_to(Path.cwd()) if path.is_relative_to(Path.cwd()) else path
+
+
 def command(args) -> str:
     """The command line that repeats a run with ``args`` (its training record's "command")."""
-    init = args.init_from.resolve()
-    init = init.relative_to(Path.cwd()) if init.is_relative_to(Path.cwd()) else init
-    return (f"dllm-deploy train-selfspec --out {args.out} --init-from {init} --steps {args.steps} --batch {args.batch} "
-            f"--lr {args.lr} --warmup {args.warmup} --alpha {args.alpha} --block {args.block} --seed {args.seed} "
+    return (f"dllm-deploy train-selfspec --out {args.out} --init-from {_shown(args.init_from)} --steps {args.steps} "
+            f"--batch {args.batch} --lr {args.lr} --warmup {args.warmup} --alpha {args.alpha} --block {args.block} --seed {args.seed} "
             f"--threads {args.threads}")
 
 
@@ -174,8 +178,7 @@ def run(args) -> None:
     save_file(tensors, str(tmp), metadata={"format": "pt"})
     tmp.replace(args.out / "model.safetensors")
     (args.out / "config.json").write_text(json.dumps(raw, indent=2) + "\n")
-    init = args.init_from.resolve()
-    meta = {"init_from": str(init.relative_to(Path.cwd()) if init.is_relative_to(Path.cwd()) else init), "steps": args.steps, "batch": args.batch, "lr": args.lr,
+    meta = {"init_from": str(_shown(args.init_from)), "steps": args.steps, "batch": args.batch, "lr": args.lr,
             "alpha": args.alpha, "block": args.block, "full_share": FULL_SHARE, "seed": args.seed,
             "threads": args.threads, "torch": torch.__version__, "elapsed_s": round(time.time() - t0, 1),
             "command": command(args)}
