@@ -25,7 +25,6 @@ import sys
 import sysconfig
 import tempfile
 import threading
-import time
 from pathlib import Path
 
 from ..errors import UserError
@@ -269,6 +268,29 @@ class Reaper:
         self.proc.wait(timeout=30)
 
 
+# PyTriton's proxy model runs one tritonserver stub process per model instance; instance 0 serves
+# the model's config on a unix socket it creates, and the others wait for that socket file for 1 s
+# (get_config_from_handshake_server's default, in the copy of communication.py each model's folder
+# of the model store holds). Triton starts the instances in parallel, and on 2 cores kept busy by
+# other work instance 0 got there later than that: every start failed ("Timeout occurred while
+# waiting for config file ...-config.sock", 3 tries in a row). The copies wait longer.
+HANDSHAKE_WAIT_S = 60.0
+_HANDSHAKE_SIGNATURE = "def get_config_from_handshake_server(socket_path: pathlib.Path, timeout_s: float = {})"
+
+
+def patient_handshakes(store: Path, seconds: float = HANDSHAKE_WAIT_S) -> int:
+    """Give every model's copy of PyTriton's communication.py under the model store ``store`` a
+    wait of ``seconds`` for its instance 0's config socket; returns how many copies it changed."""
+    old, new = _HANDSHAKE_SIGNATURE.format("1.0"), _HANDSHAKE_SIGNATURE.format(float(seconds))
+    changed = 0
+    for path in sorted(store.glob("*/*/communication.py")):
+        text = path.read_text()
+        if old in text:
+            path.write_text(text.replace(old, new))
+            changed += 1
+    return changed
+
+
 def _start(handlers: Handlers, config, workspace: Path, instances: int):
     """A running Triton with both models bound, or the start's exception (nothing left running)."""
     from pytriton.model_config import ModelConfig
@@ -286,6 +308,7 @@ def _start(handlers: Handlers, config, workspace: Path, instances: int):
                     config=ModelConfig(batching=False))
         triton.bind(STREAM, handlers.stream, inputs=inputs, outputs=outputs,
                     config=ModelConfig(batching=False, decoupled=True))
+        patient_handshakes(workspace / "model-store")        # bind wrote the models' folders there
         _run_watched(triton)
         return triton
     except BaseException:
