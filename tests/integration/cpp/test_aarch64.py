@@ -1,7 +1,8 @@
 """The C++ runtime cross-built for aarch64 (cpp/scripts/build.sh aarch64) and run under qemu-user
 with a board's CPU model (cpp/scripts/qemu-run.sh, neoverse-n1), against the x86-64 build on the
 same machine: graph by graph on the same .npy inputs (dllm-graph-run: prefill and verify of the
-bundled artifact, fp32 within 1e-4, int8 within the x86 int8 export's own parity bound), then one
+bundled artifact; fp32 within 1e-4 of x86's, int8 no further from x86's fp32 outputs than twice
+x86's int8 is), then one
 short generate per strategy, token for token. Skipped, with the reason, where the cross compiler,
 qemu-user or a private mount namespace is missing (`make test` installs the first two from Debian
 where it runs as root: cpp/scripts/get_cross_tools.sh)."""
@@ -56,24 +57,39 @@ def test_graphs_match_x86_on_the_same_inputs(arm_build, cpp_build, tiny_artifact
     import onnxruntime as ort
     art = tiny_artifact[0]
     m = json.loads((art / "manifest.json").read_text())
-    bound = 1e-4 if precision == "fp32" else max(m["parity"]["int8"]["max_abs_diff"].values())
     for role in ("prefill", "verify"):
         sess = ort.InferenceSession(str(art / m["precisions"][precision][role]))
         src = tmp_path / f"{role}-in"
         src.mkdir()
         for k, v in _inputs(sess, m["model"]["vocab_size"], 0, np.random.default_rng(1)).items():
             np.save(src / f"{k}.npy", v)
-        args = ["--artifact", str(art), "--role", role, "--precision", precision, "--inputs", str(src)]
-        x86 = subprocess.run([str(cpp_build / "dllm-graph-run"), *args, "--outputs", str(tmp_path / f"{role}-x86")],
-                             capture_output=True, text=True, timeout=120)
-        arm = _emulated(arm_build, "dllm-graph-run", *args, "--outputs", str(tmp_path / f"{role}-arm"))
+
+        def x86_run(prec: str, out: str) -> subprocess.CompletedProcess:
+            return subprocess.run([str(cpp_build / "dllm-graph-run"), "--artifact", str(art), "--role", role,
+                                   "--precision", prec, "--inputs", str(src), "--outputs", str(tmp_path / out)],
+                                  capture_output=True, text=True, timeout=120)
+        x86 = x86_run(precision, f"{role}-x86")
+        arm = _emulated(arm_build, "dllm-graph-run", "--artifact", str(art), "--role", role, "--precision", precision,
+                        "--inputs", str(src), "--outputs", str(tmp_path / f"{role}-arm"))
         assert x86.returncode == 0 and arm.returncode == 0, x86.stderr + arm.stderr
+        # int8: the two machines' integer kernels differ (x86 without VNNI sums u8 x s8 pairs in
+        # saturating 16-bit lanes; Arm's dot products do not), so the check is that Arm's int8 is no
+        # further from the fp32 graph's outputs than twice x86's int8 is, on these inputs
+        ref = x86_run("fp32", f"{role}-x86-fp32") if precision == "int8" else None
+        assert ref is None or ref.returncode == 0, ref.stderr
         for name in json.loads(x86.stdout)["outputs"]:
             a, b = (np.load(tmp_path / f"{role}-{where}" / f"{name}.npy") for where in ("x86", "arm"))
             assert a.dtype == b.dtype and a.shape == b.shape, (role, name)
-            if a.dtype.kind == "f":
-                finite = np.isfinite(a)
-                assert (finite == np.isfinite(b)).all() and np.abs(a[finite] - b[finite]).max() <= bound, (role, name)
+            if a.dtype.kind != "f":
+                continue
+            finite = np.isfinite(a)
+            assert (finite == np.isfinite(b)).all(), (role, name)
+            if ref is None:
+                assert np.abs(a[finite] - b[finite]).max() <= 1e-4, (role, name)
+            else:
+                fp32 = np.load(tmp_path / f"{role}-x86-fp32" / f"{name}.npy")[finite]
+                x86_err, arm_err = np.abs(a[finite] - fp32).max(), np.abs(b[finite] - fp32).max()
+                assert arm_err <= 2 * x86_err, (role, name, float(arm_err), float(x86_err))
 
 
 @pytest.mark.parametrize("options", [["--gen-length", "32", "--strategy", "threshold"],
