@@ -6,10 +6,15 @@ STAMP  := $(VENV)/.installed
 
 .PHONY: demo test train train-core train-phase2 phase2-flags train-selfspec distill clean cpp
 
+# The packages go in with uv (from PyPI, pinned, into the venv): on 2 cores it installs the ~100
+# packages in ~15 s where pip took ~125 s with an empty cache, most of `make test`'s setup. uv reads
+# no pip configuration: a pip find-links (a local wheel folder, such as one holding the CPU torch)
+# is handed to it as UV_FIND_LINKS.
 $(STAMP): pyproject.toml constraints-cpu.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -c constraints-cpu.txt -e '.[export,dev,serve]'
+	$(PY) -m pip install -q uv==0.13.10
+	links="$${UV_FIND_LINKS:-$${PIP_FIND_LINKS:-$$($(PY) -m pip config get global.find-links 2>/dev/null)}}"; \
+	  UV_FIND_LINKS="$$links" $(VENV)/bin/uv pip install --python $(PY) -q -c constraints-cpu.txt -e '.[export,dev,serve]'
 	touch $(STAMP)
 
 demo: $(STAMP)
