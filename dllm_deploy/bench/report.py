@@ -222,8 +222,8 @@ def _identity(ident: dict) -> str:
 
 
 def _peers_setup(d: dict) -> str:
-    keys = (("prompt_tokens", "prompt {} tokens"), ("gen_length", "{} generated"), ("block_length", "blocks of {}"),
-            ("threads", "{} threads"))
+    keys = (("layout", "{} layout"), ("prompt_tokens", "prompt {} tokens"), ("gen_length", "{} generated"),
+            ("block_length", "blocks of {}"), ("threads", "{} threads"))
     return ", ".join(f.format(d[k]) for k, f in keys if k in d)
 
 

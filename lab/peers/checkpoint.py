@@ -1,7 +1,7 @@
-"""A random LLaDA-layout checkpoint with a byte-level BPE tokenizer, for the peer comparisons
-(lab/peers/): the same folder is exported by dllm-deploy and converted by each peer.
+"""A random LLaDA- or Dream-layout checkpoint with a byte-level BPE tokenizer, for the peer
+comparisons (lab/peers/): the same folder is exported by dllm-deploy and converted by each peer.
 
-    python lab/peers/checkpoint.py OUT [--size 30m|300m] [--seed 0]
+    python lab/peers/checkpoint.py OUT [--layout llada|dream] [--size 30m|300m] [--seed 0]
 
 The tokenizer is trained here (``tokenizers``, byte-level BPE, 8192 ids) on the Python standard
 library's sources: a real BPE with merges, so both engines tokenize with their own BPE code. Ids
@@ -22,10 +22,26 @@ from lab.big_export import write_sharded  # noqa: E402
 
 VOCAB = 8192
 SPECIAL = ["<|startoftext|>", "<|endoftext|>", "<|mdm_mask|>"]          # ids 8189, 8190, 8191
-SIZES = {  # LLaDA's own config keys
-    "30m": {"d_model": 512, "n_layers": 8, "n_heads": 8, "n_kv_heads": 8, "mlp_hidden_size": 1536},
-    "300m": {"d_model": 1024, "n_layers": 20, "n_heads": 16, "n_kv_heads": 16, "mlp_hidden_size": 4096},
+SIZES = {  # hidden, layers, heads, KV heads, MLP width
+    "30m": (512, 8, 8, 8, 1536),
+    "300m": (1024, 20, 16, 16, 4096),
 }
+
+
+def config(layout: str, size: str) -> dict:
+    """config.json in the layout's own keys: LLaDA's (model_type llada) or Dream's (Qwen2 keys, q/k/v
+    bias, logits shifted one position; Dream-7B's GQA is kept out so both layouts have the same
+    matrices but the biases)."""
+    hidden, layers, heads, kv, mlp = SIZES[size]
+    ids = {"vocab_size": VOCAB, "mask_token_id": VOCAB - 1, "eos_token_id": VOCAB - 2, "bos_token_id": VOCAB - 3}
+    if layout == "llada":
+        return {"model_type": "llada", "architectures": ["LLaDAModelLM"], "d_model": hidden, "n_layers": layers,
+                "n_heads": heads, "n_kv_heads": kv, "mlp_hidden_size": mlp, "embedding_size": VOCAB, **ids,
+                "rope_theta": 500000.0, "rms_norm_eps": 1e-5, "max_sequence_length": 4096, "weight_tying": False}
+    return {"model_type": "Dream", "architectures": ["DreamModel"], "hidden_size": hidden, "num_hidden_layers": layers,
+            "num_attention_heads": heads, "num_key_value_heads": kv, "intermediate_size": mlp, **ids,
+            "pad_token_id": VOCAB - 2, "rope_theta": 1000000.0, "rms_norm_eps": 1e-6, "max_position_embeddings": 4096,
+            "tie_word_embeddings": False, "hidden_act": "silu"}
 
 
 def corpus(limit_bytes: int = 8_000_000):
@@ -63,18 +79,17 @@ def write_tokenizer(out: Path) -> None:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("out", type=Path)
+    ap.add_argument("--layout", choices=["llada", "dream"], default="llada")
     ap.add_argument("--size", choices=sorted(SIZES), default="30m")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--scale", type=float, default=0.1,
                     help="standard deviation of the random matrices (larger: more peaked predictions, decisions "
                          "with margins that survive two engines' rounding)")
     a = ap.parse_args()
-    raw = {"model_type": "llada", "architectures": ["LLaDAModelLM"], **SIZES[a.size], "vocab_size": VOCAB,
-           "embedding_size": VOCAB, "mask_token_id": VOCAB - 1, "eos_token_id": VOCAB - 2, "bos_token_id": VOCAB - 3,
-           "rope_theta": 500000.0, "rms_norm_eps": 1e-5, "max_sequence_length": 4096, "weight_tying": False}
-    total = write_sharded(a.out, raw, seed=a.seed, scale=a.scale)
+    total = write_sharded(a.out, config(a.layout, a.size), seed=a.seed, scale=a.scale)
     write_tokenizer(a.out)
-    print(f"{a.out}: random LLaDA-layout checkpoint, {total / 4 / 1e6:.1f}M parameters, byte-level BPE of {VOCAB} ids")
+    name = {"llada": "LLaDA", "dream": "Dream"}[a.layout]
+    print(f"{a.out}: random {name}-layout checkpoint, {total / 4 / 1e6:.1f}M parameters, byte-level BPE of {VOCAB} ids")
     return 0
 
 

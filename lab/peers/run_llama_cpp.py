@@ -41,11 +41,18 @@ BOS = "<|startoftext|>"
 GEN, BLOCK, THREADS = 128, 32, 2
 
 
-def llama_once(binary: str, gguf: str, n_prompt: int, per_block: int = BLOCK) -> dict:
+def llama_prompt(layout: str) -> str:
+    """The prompt text llama-diffusion-cli gets for the same ids as ours (BOS + PROMPT): its LLaDA
+    converter marks the vocabulary add-BOS, its Dream converter keeps the tokenizer's setting
+    (this checkpoint's: no BOS), so there BOS comes as text (the CLI parses special tokens)."""
+    return PROMPT if layout == "llada" else BOS + PROMPT
+
+
+def llama_once(binary: str, gguf: str, n_prompt: int, per_block: int = BLOCK, prompt: str = PROMPT) -> dict:
     """One run; ``per_block``: steps per block (BLOCK: one token a step; 1: a block in one step)."""
     total = n_prompt + GEN
     steps = (total // BLOCK) * per_block
-    cmd = [binary, "-m", gguf, "-p", PROMPT, "-ub", str(total), "-c", str(total), "-b", str(total),
+    cmd = [binary, "-m", gguf, "-p", prompt, "-ub", str(total), "-c", str(total), "-b", str(total),
            "--diffusion-block-length", str(BLOCK), "--diffusion-steps", str(steps), "--diffusion-algorithm", "4",
            "--temp", "0", "--top-k", "1", "--seed", "0", "-t", str(THREADS)]
     t0 = time.perf_counter()
@@ -114,7 +121,7 @@ def identity(rt, a, n_prompt: int) -> dict:
     differ; the texts compared (ours read as llama.cpp's detokenizer writes it), and where they
     part our margin at the first differing token."""
     mine = ours_once(rt, strategy="vanilla", tokens_per_step=BLOCK)
-    theirs = llama_once(a.llama, a.gguf, n_prompt, per_block=1)
+    theirs = llama_once(a.llama, a.gguf, n_prompt, per_block=1, prompt=llama_prompt(rt.backend.config.layout))
     ours = llama_clean(mine["text"])
     out = {"schedule": "one step per block (vanilla k = block length), greedy, no cache",
            "dllm_deploy_text": mine["text"], "llama_cpp_text": theirs["text"],
@@ -151,10 +158,11 @@ def main() -> int:
     n_prompt = len(rt.tokenizer.encode(BOS + PROMPT))
     if n_prompt % BLOCK:
         raise SystemExit(f"the prompt is {n_prompt} tokens; llama.cpp's schedule needs a multiple of {BLOCK}")
-    configs = {"llama.cpp f32": lambda: llama_once(a.llama, a.gguf, n_prompt)}
+    prompt = llama_prompt(rt.backend.config.layout)
+    configs = {"llama.cpp f32": lambda: llama_once(a.llama, a.gguf, n_prompt, prompt=prompt)}
     for item in a.also_gguf:
         kind, path = item.split("=", 1)
-        configs[f"llama.cpp {kind}"] = lambda path=path: llama_once(a.llama, path, n_prompt)
+        configs[f"llama.cpp {kind}"] = lambda path=path: llama_once(a.llama, path, n_prompt, prompt=prompt)
     configs["dllm-deploy ORT fp32 vanilla"] = lambda: ours_once(rt, strategy="vanilla")
     for prec in filter(None, a.precisions.split(",")):
         other = Runtime.load(artifact=a.artifact, threads=THREADS, precision=prec)
@@ -181,7 +189,8 @@ def main() -> int:
                      "tokens_per_s": GEN / decode, "text": rs[0]["text"],
                      "first_difference_vs_llama_cpp": first_difference(rs[0]["text"], ref),
                      "repeats": [r["decode_s"] for r in rs]})
-    out = {"prompt_tokens": n_prompt, "gen_length": GEN, "block_length": BLOCK, "threads": THREADS, "rows": rows,
+    layout = {"llada": "LLaDA", "dream": "Dream"}.get(rt.backend.config.layout, rt.backend.config.layout)
+    out = {"layout": layout, "prompt_tokens": n_prompt, "gen_length": GEN, "block_length": BLOCK, "threads": THREADS, "rows": rows,
            "failed": failed, "identity": identity(rt, a, n_prompt)}
     Path(a.json).write_text(json.dumps(out, indent=2) + "\n")
     print("| engine | forwards | ms / forward | decode s | tokens/s | text equal to llama.cpp's |")

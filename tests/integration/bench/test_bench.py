@@ -177,6 +177,8 @@ def test_report_adds_the_peers_table_and_plot(tmp_path, capsys):
     assert "## Peers" in text and "](../plots/peers.png)" in text and (tmp_path / "plots" / "peers.png").stat().st_size
     for path in peers:
         rows = json.loads(path.read_text())["rows"]
+        if (layout := json.loads(path.read_text()).get("layout")):      # the checkpoint's layout, in the setup
+            assert any(x.startswith(f"| `{path}` | {layout} layout, prompt ") for x in text.splitlines()), layout
         for r in rows:
             assert (f"| {r['engine']} | {r['forwards']} | {r['ms_per_forward']:.1f} | {r['tokens_per_s']:.2f} "
                     f"| {rows[0]['ms_per_forward'] / r['ms_per_forward']:.2f}x "
