@@ -22,6 +22,7 @@ from lab.big_export import write_sharded  # noqa: E402
 
 VOCAB = 8192
 SPECIAL = ["<|startoftext|>", "<|endoftext|>", "<|mdm_mask|>"]          # ids 8189, 8190, 8191
+NAMES = {"llada": "LLaDA", "dream": "Dream"}                      # layout -> how the docs name it
 SIZES = {  # hidden, layers, heads, KV heads, MLP width
     "30m": (512, 8, 8, 8, 1536),
     "300m": (1024, 20, 16, 16, 4096),
@@ -88,8 +89,7 @@ def main() -> int:
     a = ap.parse_args()
     total = write_sharded(a.out, config(a.layout, a.size), seed=a.seed, scale=a.scale)
     write_tokenizer(a.out)
-    name = {"llada": "LLaDA", "dream": "Dream"}[a.layout]
-    print(f"{a.out}: random {name}-layout checkpoint, {total / 4 / 1e6:.1f}M parameters, byte-level BPE of {VOCAB} ids")
+    print(f"{a.out}: random {NAMES[a.layout]}-layout checkpoint, {total / 4 / 1e6:.1f}M parameters, byte-level BPE of {VOCAB} ids")
     return 0
 
 

@@ -36,6 +36,8 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
+from lab.peers.checkpoint import NAMES  # noqa: E402
+
 PROMPT = 'def fibonacci(n):\n    """Return the n-th Fibonacci number."""\n    if n < 2:\n        return'
 BOS = "<|startoftext|>"
 GEN, BLOCK, THREADS = 128, 32, 2
@@ -116,12 +118,12 @@ def llama_clean(text: str) -> str:
     return out
 
 
-def identity(rt, a, n_prompt: int) -> dict:
+def identity(rt, a, n_prompt: int, prompt: str) -> dict:
     """The same algorithm on both: each block filled in one step (k = L), so the commit order cannot
     differ; the texts compared (ours read as llama.cpp's detokenizer writes it), and where they
     part our margin at the first differing token."""
     mine = ours_once(rt, strategy="vanilla", tokens_per_step=BLOCK)
-    theirs = llama_once(a.llama, a.gguf, n_prompt, per_block=1, prompt=llama_prompt(rt.backend.config.layout))
+    theirs = llama_once(a.llama, a.gguf, n_prompt, per_block=1, prompt=prompt)
     ours = llama_clean(mine["text"])
     out = {"schedule": "one step per block (vanilla k = block length), greedy, no cache",
            "dllm_deploy_text": mine["text"], "llama_cpp_text": theirs["text"],
@@ -189,9 +191,8 @@ def main() -> int:
                      "tokens_per_s": GEN / decode, "text": rs[0]["text"],
                      "first_difference_vs_llama_cpp": first_difference(rs[0]["text"], ref),
                      "repeats": [r["decode_s"] for r in rs]})
-    layout = {"llada": "LLaDA", "dream": "Dream"}.get(rt.backend.config.layout, rt.backend.config.layout)
-    out = {"layout": layout, "prompt_tokens": n_prompt, "gen_length": GEN, "block_length": BLOCK, "threads": THREADS, "rows": rows,
-           "failed": failed, "identity": identity(rt, a, n_prompt)}
+    out = {"layout": NAMES.get(rt.backend.config.layout, rt.backend.config.layout), "prompt_tokens": n_prompt, "gen_length": GEN, "block_length": BLOCK, "threads": THREADS, "rows": rows,
+           "failed": failed, "identity": identity(rt, a, n_prompt, prompt)}
     Path(a.json).write_text(json.dumps(out, indent=2) + "\n")
     print("| engine | forwards | ms / forward | decode s | tokens/s | text equal to llama.cpp's |")
     print("|---|---|---|---|---|---|")
