@@ -25,6 +25,7 @@ import sys
 import sysconfig
 import tempfile
 import threading
+import time
 from pathlib import Path
 
 from ..errors import UserError
@@ -214,7 +215,8 @@ def _tensors():
             [Tensor(name=n, dtype=dtype(d), shape=shape) for n, d, shape in OUTPUTS])
 
 
-STARTS = 3          # tries at starting tritonserver (PyTriton's instance handshake race, below)
+STARTS = 6          # tries at starting tritonserver (PyTriton's instance handshake race, below); on 2
+                    # cores busy with other work 3 tries in a row failed, a second apart they pass
 
 
 _MODEL_COPY = re.compile(r"(/tmp/folder[A-Za-z0-9]{6})/\d+/model\.py")
@@ -451,6 +453,7 @@ def serve(runtime, host: str, ports: dict, limits: Limits, defaults: dict, insta
                     raise
                 _kill(reaper.tree())
                 log(f"dllm-deploy: tritonserver start {attempt} failed ({e}); starting again")
+                time.sleep(attempt)                  # a moment for the load that lost the race to pass
         openai = ""
         if ports.get("--openai-port"):
             from .openai_api import Frontend, Server
