@@ -215,8 +215,8 @@ def _tensors():
             [Tensor(name=n, dtype=dtype(d), shape=shape) for n, d, shape in OUTPUTS])
 
 
-STARTS = 6          # tries at starting tritonserver (PyTriton's instance handshake race, below); on 2
-                    # cores busy with other work 3 tries in a row failed, a second apart they pass
+STARTS = 6          # tries at starting tritonserver, a growing pause apart: a start can fail under load
+                    # (PyTriton's instance handshake, below), not on a port taken (exit_reason)
 
 
 _MODEL_COPY = re.compile(r"(/tmp/folder[A-Za-z0-9]{6})/\d+/model\.py")
@@ -318,8 +318,44 @@ def _start(handlers: Handlers, config, workspace: Path, instances: int):
         raise
 
 
+def _server_log(triton) -> str:
+    """What tritonserver wrote so far (PyTriton keeps it), or "" before it started."""
+    logs = getattr(getattr(triton, "_triton_server", None), "logs", None)
+    return logs() if callable(logs) else ""
+
+
+def _port_taken(flag: str, reason: str, ports: dict) -> UserError:
+    where = f"{flag} {ports[flag]}" if flag in ports else flag
+    return UserError(f"{where}: another process took the port after serve found it free (tritonserver: {reason}); "
+                     "pick another port")
+
+
 class StartFailed(Exception):
-    """tritonserver exited while it loaded the models."""
+    """tritonserver exited while it loaded the models; ``reason``: the error its log gives, and
+    ``port``: the flag of the port it could not bind, when that was why (``exit_reason``)."""
+
+    def __init__(self, reason: str = "", port: str | None = None):
+        super().__init__("tritonserver exited while loading the models" + (f": {reason}" if reason else ""))
+        self.reason, self.port = reason, port
+
+
+# tritonserver's error lines that say nothing about why it exited (no GPU here)
+_HARMLESS = ("CudaDriverHelper has not been initialized",)
+_SERVICE_PORT = re.compile(r"failed to start (\w+) service: .*Socket '[^']*' already in use", re.IGNORECASE)
+_SERVICE_FLAGS = {"http": "--http-port", "grpc": "--grpc-port", "metrics": "--metrics-port"}
+
+
+def exit_reason(log: str) -> tuple[str, str | None]:
+    """(the last error line of tritonserver's ``log``, the port flag when it could not bind a port).
+    Error lines start with E and a date (glog); the text is the quoted message when there is one."""
+    reason = ""
+    for line in log.splitlines():
+        if not re.match(r"E\d{4} ", line) or any(h in line for h in _HARMLESS):
+            continue
+        text = line.split("] ", 1)[-1].strip()
+        reason = text[1:-1].strip() if len(text) > 1 and text[0] == text[-1] == '"' else text
+    m = _SERVICE_PORT.search(reason)
+    return reason, (_SERVICE_FLAGS.get(m.group(1).lower(), "a port") if m else None)
 
 
 def _run_watched(triton) -> None:
@@ -343,7 +379,7 @@ def _run_watched(triton) -> None:
 
     def on_usr1(signum, frame):
         if died.is_set():
-            raise StartFailed("tritonserver exited while loading the models")
+            raise StartFailed(*exit_reason(_server_log(triton)))
     previous = signal.signal(signal.SIGUSR1, on_usr1)
     watcher = threading.Thread(target=watch, name="dllm-triton-watch", daemon=True)
     watcher.start()
@@ -443,10 +479,10 @@ def serve(runtime, host: str, ports: dict, limits: Limits, defaults: dict, insta
                 triton = _start(handlers, config, scratch / f"pytriton-{attempt}", instances)
                 break
             except Exception as e:
-                # the first instance of a model serves its config on a unix socket the others connect
-                # to once the socket file exists, not retrying a refused connection: under load one
-                # may connect between the server's bind and listen and the model fails to load
-                # (tritonserver's log above says "get_config_from_handshake_server")
+                # a port checked free can be taken before tritonserver binds it (it loads the models
+                # first, which takes seconds): trying again on the same port is no use
+                if isinstance(e, StartFailed) and e.port:
+                    raise _port_taken(e.port, e.reason, ports) from None
                 if isinstance(e, StartFailed) and attempt == STARTS:
                     raise UserError(f"{e} ({STARTS} tries); see its log above") from None
                 if not isinstance(e, StartFailed) and "handshake" not in str(e) or attempt == STARTS:
@@ -468,7 +504,10 @@ def serve(runtime, host: str, ports: dict, limits: Limits, defaults: dict, insta
             while triton.is_alive() and not stop.event.wait(0.5):
                 pass
             if not stop.event.is_set():
-                raise UserError("tritonserver exited; see its log above")
+                reason, port = exit_reason(_server_log(triton))
+                if port:
+                    raise _port_taken(port, reason, ports)
+                raise UserError("tritonserver exited" + (f" ({reason})" if reason else "") + "; see its log above")
             _drain(scheduler, frontend, stop, drain_timeout, _queued(host, ports["--metrics-port"], PLAIN), log)
     finally:
         if frontend is not None:

@@ -49,6 +49,10 @@ class NotReady(RuntimeError):
     """A server still running but not ready when the time ran out."""
 
 
+class PortTaken(RuntimeError):
+    """A server that exited because another process took one of its ports after it checked them."""
+
+
 def wait_ready(url: str, proc: subprocess.Popen, timeout: float = 90,
                paths=("/v2/models/dllm/ready", "/v2/models/dllm_stream/ready"), log=None) -> None:
     """Until every path answers 200; a RuntimeError with the server's stderr (``log()``, else its
@@ -58,7 +62,9 @@ def wait_ready(url: str, proc: subprocess.Popen, timeout: float = 90,
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            raise RuntimeError(f"serve exited with {proc.returncode}: {stderr()}")
+            err = stderr()
+            raise (PortTaken if "another process took the port" in err else RuntimeError)(
+                f"serve exited with {proc.returncode}: {err}")
         try:
             for path in paths:
                 urllib.request.urlopen(f"{url}{path}", timeout=2)
@@ -71,9 +77,10 @@ def wait_ready(url: str, proc: subprocess.Popen, timeout: float = 90,
 class Server:
     """`dllm-deploy serve` over ``artifact`` (or, with ``command``, any server taking the three
     ports from ``command(http, grpc, metrics)``) on free loopback ports, ready. Its stderr goes to
-    a file (``stderr()``), never a pipe nobody drains. A start that is not ready in time is tried
-    once more on other ports: the ports are free when picked, and a server of another test worker
-    can take one before this one binds it."""
+    a file (``stderr()``), never a pipe nobody drains. A start that is not ready in time, or that
+    ends on a port taken, is tried once more on other ports: the ports are free when picked, and
+    another test worker's processes can take one before this server binds it (serve then says so
+    and exits)."""
 
     def __init__(self, artifact: Path, extra: list[str] = (), command=None, env: dict | None = None,
                  openai: bool = False):
@@ -81,7 +88,7 @@ class Server:
             try:
                 self._start(artifact, extra, command, env, openai)
                 return
-            except NotReady:
+            except (NotReady, PortTaken):
                 if attempt == 2:
                     raise
 
