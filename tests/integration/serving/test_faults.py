@@ -103,6 +103,9 @@ def test_sigterm_under_load_drains_every_answer(tiny_artifact, offline):
         futures = [ex.submit(fn) for _, fn in calls]
         wait(futures, timeout=30, return_when=FIRST_COMPLETED)          # decoding has begun; most still queued
         s.proc.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + 30     # refusals start with the drain, which serve logs first (on
+        while "draining" not in s.stderr() and time.monotonic() < deadline:   # a loaded machine that took
+            time.sleep(0.05)                                                  # over the 0.3 s once waited)
         time.sleep(0.3)
         status, out = post(f"{s.url}/v2/models/dllm/generate", {"text_input": "hello"}, 30)
         outcomes = []
