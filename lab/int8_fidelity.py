@@ -1,7 +1,8 @@
 """int8 variants of one model side by side: fidelity to fp32, forward time and (optionally) accuracy.
 
 Exports the model once per int8 recipe (one scale per weight tensor; one per output channel;
-with SmoothQuant; with the down-projections kept fp32; both: the exporter's default), then
+with SmoothQuant; with the down-projections kept fp32; both: the exporter's default; 7-bit
+weights, `--int8-reduce-range`, alone and on the default; --recipes picks some by number), then
 - fidelity: dllm_deploy/evals/fidelity.py on held-out decode states (logit error, top-1 agreement,
   top-1 probability error against fp32);
 - forward time: each variant's verify graph on the same feeds (1 row, 32 tokens after a 64-token
@@ -33,6 +34,8 @@ RECIPES = {      # name: export keywords
     "per-channel + smooth 0.5": {"int8_fp32": []},
     "per-channel + fp32 down_proj": {"int8_smooth": 0},
     "per-channel + smooth 0.5 + fp32 down_proj (default)": {},
+    "per-channel + reduce_range": {"int8_smooth": 0, "int8_fp32": [], "int8_reduce_range": True},
+    "default + reduce_range": {"int8_reduce_range": True},
 }
 
 
@@ -78,6 +81,8 @@ def main() -> None:
     ap.add_argument("--work", type=Path, default=ROOT / "build" / "int8-fidelity", help="where the variants are exported")
     ap.add_argument("--states", type=int, default=10, help="held-out decode states per family")
     ap.add_argument("--eval-n", type=int, default=0, help="also eval each variant on N prompts per family (0: no)")
+    ap.add_argument("--recipes", default="", help="comma-separated numbers of RECIPES to run (default: all; the "
+                    "first one given also exports fp32)")
     ap.add_argument("--json", type=Path)
     ap.add_argument("eval_flags", nargs=argparse.REMAINDER, help="after --: `dllm-deploy eval` flags")
     a = ap.parse_args()
@@ -87,11 +92,14 @@ def main() -> None:
     from dllm_deploy.models.tokenizer import load_tokenizer
     flags = [f for f in a.eval_flags if f != "--"]
     rows, graphs = [], {}
+    chosen = [int(x) for x in a.recipes.split(",") if x.strip()] or range(len(RECIPES))
     for i, (name, kw) in enumerate(RECIPES.items()):
+        if i not in chosen:
+            continue
         out = a.work / f"v{i}"
         export(a.model, out, precisions=["fp32", "int8"], force=out.exists(), log=lambda m: None, **kw)
         m = read_manifest(out, verify=False)
-        if i == 0:
+        if "fp32" not in graphs:
             cfg = m["model"]
             states = decode_states(load_tokenizer(out, cfg["eos_token_id"]), cfg["mask_token_id"], m["block_length"],
                                    n=a.states)
@@ -107,7 +115,8 @@ def main() -> None:
     ms = forward_ms(graphs)
     for r in rows:
         r["forward_ms"], r["speedup_vs_fp32"] = ms[r["recipe"]], ms["fp32"] / ms[r["recipe"]]
-    res = {"model": a.model, "fp32_forward_ms": ms["fp32"], "shape": {"B": 1, "T": 32, "P": 64}, "rows": rows,
+    from int8_saturation import machine
+    res = {"model": a.model, "machine": machine(), "fp32_forward_ms": ms["fp32"], "shape": {"B": 1, "T": 32, "P": 64}, "rows": rows,
            "eval_flags": flags if a.eval_n else None}
     if a.eval_n:
         res["fp32_eval"] = accuracy(fp32_dir, "fp32", a.eval_n, flags)

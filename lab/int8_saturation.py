@@ -63,6 +63,15 @@ def ms_per_run(session, inputs: dict, repeats: int = 30) -> float:
     return 1000 * statistics.median(times)
 
 
+def machine() -> dict:
+    """The CPU features the int8 kernels depend on (VNNI: no 16-bit saturation), and ORT's version."""
+    import onnxruntime as ort
+    info = Path("/proc/cpuinfo")
+    flags = info.read_text().split("flags", 1)[-1].split("\n", 1)[0].split() if info.exists() else []
+    return {"cpu": platform.machine(), "vnni": sorted(f for f in flags if "vnni" in f), "avx512f": "avx512f" in flags,
+            "avx2": "avx2" in flags, "onnxruntime": ort.__version__}
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--artifact", required=True, type=Path, help="an fp32 artifact (its prefill.onnx is quantized)")
@@ -81,8 +90,6 @@ def main() -> int:
     inputs = feeds(fp32, manifest["model"]["vocab_size"], a.tokens, a.batch, np.random.default_rng(0))
     ref = fp32.run(["logits"], inputs)[0]
     finite = np.isfinite(ref)
-    flags = Path("/proc/cpuinfo").read_text().split("flags", 1)[-1].split("\n", 1)[0].split() \
-        if Path("/proc/cpuinfo").exists() else []
     rows = [{"variant": "fp32", "ms_per_run": ms_per_run(fp32, inputs)}]
 
     def compare(name: str, path: Path) -> None:
@@ -102,9 +109,7 @@ def main() -> int:
                              **{**kw, "weight_type": getattr(QuantType, kw["weight_type"])})
             compare(name, dst)
     out = {"artifact": str(a.artifact), "batch": a.batch, "tokens": a.tokens, "threads": 2,
-           "machine": {"cpu": platform.machine(),
-                       "vnni": sorted(f for f in flags if "vnni" in f), "avx512f": "avx512f" in flags,
-                       "avx2": "avx2" in flags, "onnxruntime": ort.__version__},
+           "machine": machine(),
            "rows": rows}
     a.json.write_text(json.dumps(out, indent=2) + "\n")
     print(f"host: avx2 {out['machine']['avx2']}, avx512f {out['machine']['avx512f']}, vnni {out['machine']['vnni'] or 'none'}")

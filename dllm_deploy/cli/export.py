@@ -23,6 +23,9 @@ def add_parser(sub) -> None:
     x.add_argument("--int8-fp32", default=",".join(INT8_FP32_DEFAULT), metavar="PRODUCTS",
                    help="int8: weight products kept in fp32, comma-separated from qkv, o_proj, gate_up, down_proj, "
                         "lm_head, or 'none' (default down_proj: the widest activations; docs/precision.md)")
+    x.add_argument("--int8-reduce-range", action="store_true",
+                   help="int8: 7-bit weights (-64..63), for x86 CPUs without VNNI (AVX2 only), where full-range int8 "
+                        "products saturate in ONNX Runtime's kernels (docs/precision.md)")
     x.add_argument("--int8-calibration", default=None, metavar="FILE",
                    help="int8: texts (one per line) the smoothing is calibrated on (default: 32 task prompts with "
                         "their answers; use your own for a real model)")
@@ -57,7 +60,7 @@ def run(a) -> int:
                  block_length=a.block_length, max_beam_width=a.max_beam_width, opset=a.opset, force=a.force, log=log,
                  int4_block_size=a.int4_block_size, int4_symmetric=a.int4_symmetric, sample_pool=a.sample_pool,
                  int8_smooth=a.int8_smooth, int8_calibration=a.int8_calibration, moe_form=a.moe_form,
-                 chat_template=a.chat_template, kv_io=a.kv_io,
+                 chat_template=a.chat_template, kv_io=a.kv_io, int8_reduce_range=a.int8_reduce_range,
                  int8_fp32=[] if a.int8_fp32.strip() == "none" else [x.strip() for x in a.int8_fp32.split(",") if x.strip()])
     if a.json:
         print(json.dumps(res))

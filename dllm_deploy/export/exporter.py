@@ -192,7 +192,8 @@ def export(model: str = "tiny", out: str | Path = "artifact", precisions=("fp32"
            max_beam_width: int = 8, opset: int = DEFAULT_OPSET, force: bool = False, log=print,
            int4_block_size: int = 32, int4_symmetric: bool = True, sample_pool: int | None = None,
            int8_smooth: float = DEFAULT_ALPHA, int8_calibration: str | Path | None = None,
-           int8_fp32=INT8_FP32_DEFAULT, int8_per_channel: bool = True, moe_form: str = "contrib",
+           int8_fp32=INT8_FP32_DEFAULT, int8_per_channel: bool = True, int8_reduce_range: bool = False,
+           moe_form: str = "contrib",
            chat_template: str | Path | None = None, kv_io: str = "append") -> dict:
     """Export ``model`` (``tiny`` or a Hugging Face folder) into the artifact folder ``out``.
     ``int4_block_size`` / ``int4_symmetric``: the int4 variant's quantization (MatMulNBits blocks
@@ -200,7 +201,9 @@ def export(model: str = "tiny", out: str | Path = "artifact", precisions=("fp32"
     variant's smoothing strength alpha (export/smooth.py; 0: none), calibrated on the lines of
     ``int8_calibration`` (default: task prompts); ``int8_fp32``: the products the int8 variant keeps
     in fp32 (names of ``INT8_PRODUCTS``); ``int8_per_channel``: a weight scale per output channel
-    (False: one per tensor, ONNX Runtime's default). ``sample_pool``: the P most probable tokens the
+    (False: one per tensor, ONNX Runtime's default); ``int8_reduce_range``: 7-bit weights, whose
+    byte-pair sums cannot saturate the 16-bit lanes of x86 CPUs without VNNI (docs/precision.md).
+    ``sample_pool``: the P most probable tokens the
     graphs sample from (default min(vocabulary, 64)). ``moe_form``: how a mixture-of-experts model's
     routed experts are exported, "contrib" (ONNX Runtime's com.microsoft.MoE) or "gather" (standard
     operators; models/moe.py). ``chat_template``: a file with the chat template the artifact carries
@@ -241,7 +244,8 @@ def export(model: str = "tiny", out: str | Path = "artifact", precisions=("fp32"
     quant = {"int4": {"method": "MatMulNBits", "bits": 4, "block_size": int4_block_size, "symmetric": int4_symmetric,
                       "op_types": ["MatMul"]},
              "int8": {"method": "dynamic", "bits": 8, "symmetric": True, "op_types": ["MatMul"],
-                      "per_channel": bool(int8_per_channel), "fp32_products": int8_fp32,
+                      "per_channel": bool(int8_per_channel), "reduce_range": bool(int8_reduce_range),
+                      "fp32_products": int8_fp32,
                       "smooth": {"alpha": float(int8_smooth), "calibration": calibration[1],
                                  "texts": len(calibration[0])} if calibration else None}}
     quant = {p: q for p, q in quant.items() if p in precisions}

@@ -105,8 +105,8 @@ def _matmuls(graph, patterns: list[str]) -> list[str]:
 def int8_variant(fp32_dirs: dict, sub: Path, opts: dict) -> dict:
     """Dynamic int8 quantization of the fp32 graphs in ``fp32_dirs[graph]`` (the artifact's, or
     the smoothed module's trace), for CPU / edge: MatMul weights int8 (``opts['per_channel']``: a
-    scale per output channel), activations quantized per call; the products named in
-    ``opts['fp32_products']`` stay fp32."""
+    scale per output channel; ``opts['reduce_range']``: in -64..63), activations quantized per call;
+    the products named in ``opts['fp32_products']`` stay fp32."""
     import onnx
     from onnxruntime.quantization import QuantType, quantize_dynamic
     graphs = {}
@@ -116,7 +116,7 @@ def int8_variant(fp32_dirs: dict, sub: Path, opts: dict) -> dict:
         kept = int8_kept(onnx.load(str(src), load_external_data=False).graph, opts["fp32_products"])
         with _quiet_root_logger():
             quantize_dynamic(str(src), str(dst), weight_type=QuantType.QInt8, per_channel=opts["per_channel"],
-                             nodes_to_exclude=kept,
+                             reduce_range=bool(opts.get("reduce_range")), nodes_to_exclude=kept,
                              op_types_to_quantize=["MatMul"], extra_options={"MatMulConstBOnly": True})
         graphs[g] = onnx.load(str(dst))
         quantize_experts(graphs[g], 8, None)
