@@ -33,24 +33,28 @@ def decode_states(tokenizer, mask_id: int, block_length: int, n: int = 10, seed:
     return out
 
 
+def prefill_feeds(inputs, state) -> dict:
+    """The prefill graph's feeds (``inputs``: its session's get_inputs()) for one decode state: an
+    empty cache and greedy sampling inputs."""
+    ids, pos, mask, _ = state
+    feeds = {"input_ids": ids, "position_ids": pos, "attention_mask": mask}
+    for i in inputs[3:]:
+        if i.name.startswith("past_key_values."):
+            feeds[i.name] = np.zeros((1, i.shape[1], 0, i.shape[3]), np.float32)
+        elif i.name == "sample_u":
+            feeds[i.name] = np.zeros(ids.shape, np.float32)
+        else:
+            feeds[i.name] = {"top_k": np.zeros(1, np.int64), "top_p": np.ones(1, np.float32)}.get(
+                i.name, np.zeros(1, np.float32))
+    return feeds
+
+
 def _block_logits(path: Path, states, threads: int = 1) -> list[np.ndarray]:
     import onnxruntime as ort
     so = ort.SessionOptions()
     so.intra_op_num_threads = threads
     s = ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
-    rows = []
-    for ids, pos, mask, p in states:
-        feeds = {"input_ids": ids, "position_ids": pos, "attention_mask": mask}
-        for i in s.get_inputs()[3:]:       # an empty cache and greedy sampling inputs
-            if i.name.startswith("past_key_values."):
-                feeds[i.name] = np.zeros((1, i.shape[1], 0, i.shape[3]), np.float32)
-            elif i.name == "sample_u":
-                feeds[i.name] = np.zeros(ids.shape, np.float32)
-            else:
-                feeds[i.name] = {"top_k": np.zeros(1, np.int64), "top_p": np.ones(1, np.float32)}.get(
-                    i.name, np.zeros(1, np.float32))
-        rows.append(s.run(["logits"], feeds)[0][0, p:])
-    return rows
+    return [s.run(["logits"], prefill_feeds(s.get_inputs(), st))[0][0, st[3]:] for st in states]
 
 
 def _softmax_max(x: np.ndarray) -> np.ndarray:
@@ -64,6 +68,11 @@ def compare(artifact: str | Path, precision: str, states) -> dict:
     m = read_manifest(artifact, verify=False)
     ref = _block_logits(Path(artifact) / m["precisions"]["fp32"]["prefill"], states)
     got = _block_logits(Path(artifact) / m["precisions"][precision]["prefill"], states)
+    return compare_logits(ref, got)
+
+
+def compare_logits(ref: list[np.ndarray], got: list[np.ndarray]) -> dict:
+    """Fidelity of the block logits ``got`` to ``ref`` (one (L, V) array per decode state)."""
     err, agree, dp = [], [], []
     for a, b in zip(ref, got):
         finite = np.isfinite(a)                 # the excluded ids are -inf in both
@@ -71,5 +80,5 @@ def compare(artifact: str | Path, precision: str, states) -> dict:
         agree.append(a.argmax(-1) == b.argmax(-1))
         dp.append(np.abs(_softmax_max(a) - _softmax_max(b)))
     return {"logit_error": float(np.mean(err)), "top1_agreement": float(np.mean(np.concatenate(agree))),
-            "top1_prob_error": float(np.mean(np.concatenate(dp))), "states": len(states),
+            "top1_prob_error": float(np.mean(np.concatenate(dp))), "states": len(ref),
             "positions": int(sum(len(x) for x in agree))}
