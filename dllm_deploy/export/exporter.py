@@ -43,6 +43,7 @@ from .streamed import (WeightSource, fold_weights, loaded, materialized, param_s
 from .target import check_target, make_parent, swap_in
 
 PRECISIONS = ("fp32", "fp16", "int8", "int4")
+INT4_ACCURACY_LEVELS = (0, 1, 2, 3, 4)   # MatMulNBits: 0 unset, 1 fp32, 2 fp16, 3 bf16, 4 int8 products
 QUANTIZED = ("int8", "int4")          # weight-only: top-1 may differ from fp32; parity reports, never fails
 DEFAULT_OPSET = 17
 TOPK = 2
@@ -190,14 +191,17 @@ def parity(folder: Path, files: dict, refs: dict, cfg, shapes, dtype,
 
 def export(model: str = "tiny", out: str | Path = "artifact", precisions=("fp32",), block_length: int | None = None,
            max_beam_width: int = 8, opset: int = DEFAULT_OPSET, force: bool = False, log=print,
-           int4_block_size: int = 32, int4_symmetric: bool = True, sample_pool: int | None = None,
+           int4_block_size: int = 32, int4_symmetric: bool = True, int4_accuracy_level: int = 0,
+           sample_pool: int | None = None,
            int8_smooth: float = DEFAULT_ALPHA, int8_calibration: str | Path | None = None,
            int8_fp32=INT8_FP32_DEFAULT, int8_per_channel: bool = True, int8_reduce_range: bool = False,
            moe_form: str = "contrib",
            chat_template: str | Path | None = None, kv_io: str = "append") -> dict:
     """Export ``model`` (``tiny`` or a Hugging Face folder) into the artifact folder ``out``.
     ``int4_block_size`` / ``int4_symmetric``: the int4 variant's quantization (MatMulNBits blocks
-    along each weight's input dimension; symmetric = no zero points). ``int8_smooth``: the int8
+    along each weight's input dimension; symmetric = no zero points); ``int4_accuracy_level``:
+    MatMulNBits' accuracy_level (0: fp32 products; 4: int8 activations, the fast kernels of CPUs;
+    docs/precision.md). ``int8_smooth``: the int8
     variant's smoothing strength alpha (export/smooth.py; 0: none), calibrated on the lines of
     ``int8_calibration`` (default: task prompts); ``int8_fp32``: the products the int8 variant keeps
     in fp32 (names of ``INT8_PRODUCTS``); ``int8_per_channel``: a weight scale per output channel
@@ -230,6 +234,9 @@ def export(model: str = "tiny", out: str | Path = "artifact", precisions=("fp32"
         raise UserError(f"--moe-form must be one of {', '.join(MOE_FORMS)}, got {moe_form!r}")
     if int4_block_size < 16 or int4_block_size & (int4_block_size - 1):
         raise UserError(f"--int4-block-size must be a power of two >= 16 (got {int4_block_size})")
+    if isinstance(int4_accuracy_level, bool) or int4_accuracy_level not in INT4_ACCURACY_LEVELS:
+        raise UserError(f"--int4-accuracy-level must be one of {', '.join(map(str, INT4_ACCURACY_LEVELS))} "
+                        f"(got {int4_accuracy_level!r})")
     if isinstance(int8_smooth, bool) or not isinstance(int8_smooth, (int, float)) or not 0 <= int8_smooth <= 1:
         raise UserError(f"--int8-smooth must be a number in [0, 1] (0: no smoothing), got {int8_smooth!r}")
     int8_fp32 = list(dict.fromkeys(int8_fp32))
@@ -242,6 +249,7 @@ def export(model: str = "tiny", out: str | Path = "artifact", precisions=("fp32"
     elif int8_calibration is not None:
         raise UserError("--int8-calibration needs the int8 precision with --int8-smooth above 0")
     quant = {"int4": {"method": "MatMulNBits", "bits": 4, "block_size": int4_block_size, "symmetric": int4_symmetric,
+                      "accuracy_level": int4_accuracy_level,
                       "op_types": ["MatMul"]},
              "int8": {"method": "dynamic", "bits": 8, "symmetric": True, "op_types": ["MatMul"],
                       "per_channel": bool(int8_per_channel), "reduce_range": bool(int8_reduce_range),

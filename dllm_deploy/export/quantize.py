@@ -35,7 +35,8 @@ def all_tensors(graph):
 def int4_variant(fp32_dir: Path, opts: dict, spill: Path) -> tuple[dict, dict]:
     """Weight-only int4 (ONNX Runtime's MatMulNBits, the format of ONNX Runtime GenAI's LLMs) of
     the fp32 graphs: every MatMul with a constant weight, in blocks of ``opts['block_size']``
-    input rows, one fp32 scale (and, asymmetric, one 4-bit zero point) per block. One graph at a
+    input rows, one fp32 scale (and, asymmetric, one 4-bit zero point) per block;
+    ``opts['accuracy_level']`` (4: activations quantized to int8 per block for the product). One graph at a
     time: each is written with its weights beside it under ``spill`` before the next is loaded.
     Returns (graphs without their weights loaded, their folders) for share_weights."""
     import onnx
@@ -47,6 +48,7 @@ def int4_variant(fp32_dir: Path, opts: dict, spill: Path) -> tuple[dict, dict]:
             model = onnx.load(str(fp32_dir / f"{g}.onnx"), load_external_data=False)
             _absolute_locations(model, fp32_dir)
             q = MatMulNBitsQuantizer(model, bits=4, block_size=opts["block_size"], is_symmetric=opts["symmetric"],
+                                     accuracy_level=opts.get("accuracy_level") or None,
                                      op_types_to_quantize=tuple(opts["op_types"]),
                                      nodes_to_exclude=_matmuls(model.graph, [ROUTER]))
             q.process()

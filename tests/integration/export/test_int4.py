@@ -15,7 +15,7 @@ def test_int4_variant_is_matmulnbits_with_recorded_options(tiny_artifact):
     assert m["precisions"]["int4"] == {"prefill": "int4/prefill.onnx", "verify": "int4/verify.onnx",
                                        "weights": "int4/weights.bin"}
     assert m["quantization"]["int4"] == {"method": "MatMulNBits", "bits": 4, "block_size": 32, "symmetric": True,
-                                         "op_types": ["MatMul"]}
+                                         "accuracy_level": 0, "op_types": ["MatMul"]}
     g = onnx.load(str(folder / "int4/verify.onnx"), load_external_data=False).graph
     ops = [n.op_type for n in g.node]
     # 4 products per layer (q/k/v fused, o, gate/up fused, down) + the LM head, none left as an
