@@ -19,7 +19,7 @@ def add_parser(sub) -> None:
                    help="int4: a zero point per block (default symmetric: scales only)")
     x.add_argument("--int4-accuracy-level", type=int, default=0, metavar="N",
                    help="int4: the products' compute type, MatMulNBits' accuracy_level: 0 (default) fp32, 4 int8 "
-                        "activations (faster on CPUs, a little less exact; docs/precision.md)")
+                        "activations, for CPUs with fast int8 dot products; docs/precision.md)")
     x.add_argument("--int8-smooth", type=float, default=0.5, metavar="ALPHA",
                    help="int8: SmoothQuant strength in [0, 1], moving activation outliers into the weights before "
                         "quantization (0: none; default 0.5; docs/precision.md)")
@@ -27,7 +27,7 @@ def add_parser(sub) -> None:
                    help="int8: weight products kept in fp32, comma-separated from qkv, o_proj, gate_up, down_proj, "
                         "lm_head, or 'none' (default down_proj: the widest activations; docs/precision.md)")
     x.add_argument("--int8-reduce-range", action="store_true",
-                   help="int8: 7-bit weights (-64..63), for x86 CPUs without VNNI (AVX2 only), where full-range int8 "
+                   help="int8: 7-bit weights (-64..64), for x86 CPUs without VNNI (AVX2 only), where full-range int8 "
                         "products saturate in ONNX Runtime's kernels (docs/precision.md)")
     x.add_argument("--int8-calibration", default=None, metavar="FILE",
                    help="int8: texts (one per line) the smoothing is calibrated on (default: 32 task prompts with "

@@ -107,7 +107,7 @@ def _matmuls(graph, patterns: list[str]) -> list[str]:
 def int8_variant(fp32_dirs: dict, sub: Path, opts: dict) -> dict:
     """Dynamic int8 quantization of the fp32 graphs in ``fp32_dirs[graph]`` (the artifact's, or
     the smoothed module's trace), for CPU / edge: MatMul weights int8 (``opts['per_channel']``: a
-    scale per output channel; ``opts['reduce_range']``: in -64..63), activations quantized per call;
+    scale per output channel; ``opts['reduce_range']``: in -64..64), activations quantized per call;
     the products named in ``opts['fp32_products']`` stay fp32."""
     import onnx
     from onnxruntime.quantization import QuantType, quantize_dynamic
