@@ -5,7 +5,7 @@ import json
 import sys
 
 from ..models.config import KV_IO, MOE_FORMS
-from ..profiles.memory import INT8_FP32_DEFAULT
+from ..profiles.memory import INT4_BLOCK, INT8_FP32_DEFAULT
 
 
 def add_parser(sub) -> None:
@@ -13,7 +13,7 @@ def add_parser(sub) -> None:
     x.add_argument("--model", default="tiny", help="'tiny' or a Hugging Face folder")
     x.add_argument("--out", required=True, help="artifact folder to write")
     x.add_argument("--precision", default="fp32", help="comma-separated: fp32,fp16,int8,int4 (fp32 always)")
-    x.add_argument("--int4-block-size", type=int, default=32,
+    x.add_argument("--int4-block-size", type=int, default=INT4_BLOCK,
                    help="int4: weights per quantization block along the input dimension (power of two >= 16)")
     x.add_argument("--int4-asymmetric", dest="int4_symmetric", action="store_false",
                    help="int4: a zero point per block (default symmetric: scales only)")

@@ -33,7 +33,7 @@ from ..models.exclusion import excluded_ids
 from ..models.config import KV_IO, MOE_FORMS
 from ..models.registry import get_family
 from ..models.sampling import default_pool
-from ..profiles.memory import INT8_FP32_DEFAULT
+from ..profiles.memory import INT4_BLOCK, INT8_FP32_DEFAULT
 from .graphs import GRAPHS, dynamic_axes, io_names
 from .lora import read_adapter
 from .quantize import INT8_PRODUCTS, all_tensors, int4_variant, int8_variant
@@ -189,9 +189,22 @@ def parity(folder: Path, files: dict, refs: dict, cfg, shapes, dtype,
     return {"max_abs_diff": worst, "top1_ids_identical": ids_equal, "shapes": [list(s) for s in shapes]}
 
 
+def _refuse_options_of_variants_not_asked(precisions: list[str], given: dict[str, dict[str, bool]]) -> None:
+    """A UserError naming the first option set away from its default for a variant ``precisions``
+    does not ask for (``given``: variant -> option -> set), which would otherwise be ignored."""
+    for variant, options in given.items():
+        if variant in precisions:
+            continue
+        for option, changed in options.items():
+            if changed:
+                raise UserError(f"{option} applies to the {variant} variant, which --precision "
+                                f"{','.join(precisions)} does not ask for: add {variant} to --precision or leave "
+                                f"the option out")
+
+
 def export(model: str = "tiny", out: str | Path = "artifact", precisions=("fp32",), block_length: int | None = None,
            max_beam_width: int = 8, opset: int = DEFAULT_OPSET, force: bool = False, log=print,
-           int4_block_size: int = 32, int4_symmetric: bool = True, int4_accuracy_level: int = 0,
+           int4_block_size: int = INT4_BLOCK, int4_symmetric: bool = True, int4_accuracy_level: int = 0,
            sample_pool: int | None = None,
            int8_smooth: float = DEFAULT_ALPHA, int8_calibration: str | Path | None = None,
            int8_fp32=INT8_FP32_DEFAULT, int8_per_channel: bool = True, int8_reduce_range: bool = False,
@@ -243,6 +256,11 @@ def export(model: str = "tiny", out: str | Path = "artifact", precisions=("fp32"
     bad = [x for x in int8_fp32 if x not in INT8_PRODUCTS]
     if bad:
         raise UserError(f"--int8-fp32: unknown product {bad[0]!r} (expected some of {', '.join(INT8_PRODUCTS)}, or none)")
+    _refuse_options_of_variants_not_asked(precisions, {
+        "int8": {"--int8-reduce-range": bool(int8_reduce_range), "--int8-smooth": int8_smooth != DEFAULT_ALPHA,
+                 "--int8-fp32": tuple(int8_fp32) != tuple(INT8_FP32_DEFAULT), "int8_per_channel": not int8_per_channel},
+        "int4": {"--int4-block-size": int4_block_size != INT4_BLOCK, "--int4-asymmetric": not int4_symmetric,
+                 "--int4-accuracy-level": int4_accuracy_level != 0}})
     calibration = None
     if "int8" in precisions and int8_smooth > 0:
         calibration = calibration_texts(int8_calibration)

@@ -1,8 +1,10 @@
 """Quantization options of the export (docs/precision.md): the int8 variant's reduce_range
 (--int8-reduce-range: 7-bit weights, so that the byte-pair sums of ONNX Runtime's x86 kernels
 without VNNI, 255 x 64 x 2 < 2**15, cannot saturate their 16-bit lanes; without it the weights
-use the full -127..127) and the int4 variant's MatMulNBits accuracy level (--int4-accuracy-level)."""
+use the full -127..127), the int4 variant's MatMulNBits accuracy level (--int4-accuracy-level), and
+the refusal of an option for a variant --precision does not ask for."""
 import numpy as np
+import pytest
 import onnx
 import onnxruntime as ort
 from onnx import numpy_helper
@@ -74,3 +76,30 @@ def test_a_bad_int4_accuracy_level_is_one_line(tmp_path, capsys):
     err = capsys.readouterr().err
     assert err.strip().splitlines() == ["dllm-deploy: error: --int4-accuracy-level must be one of 0, 1, 2, 3, 4 (got 5)"]
     assert not (tmp_path / "a").exists()
+
+
+@pytest.mark.parametrize("argv, option, variant", [
+    (["--precision", "fp32,int4", "--int8-reduce-range"], "--int8-reduce-range", "int8"),
+    (["--precision", "fp32,int4", "--int8-smooth", "0.3"], "--int8-smooth", "int8"),
+    (["--int8-fp32", "none"], "--int8-fp32", "int8"),
+    (["--precision", "fp32,int8", "--int4-block-size", "64"], "--int4-block-size", "int4"),
+    (["--int4-asymmetric"], "--int4-asymmetric", "int4"),
+    (["--precision", "fp32,int8", "--int4-accuracy-level", "4"], "--int4-accuracy-level", "int4"),
+])
+def test_an_option_of_a_variant_not_asked_for_is_refused(tmp_path, capsys, argv, option, variant):
+    """Not ignored: the user meant to change a variant the export would not write."""
+    assert main(["export", "--out", str(tmp_path / "a"), *argv]) == 2
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert line.startswith(f"dllm-deploy: error: {option} applies to the {variant} variant, which --precision ")
+    assert f"add {variant} to --precision" in line
+    assert not (tmp_path / "a").exists()
+
+
+def test_an_option_at_its_default_is_no_change(monkeypatch, tmp_path):
+    """Giving an option its default value is not refused (the variant would be the same)."""
+    from dllm_deploy.export import exporter
+    monkeypatch.setattr(exporter, "check_target", lambda *a, **k: (_ for _ in ()).throw(SystemExit(7)))
+    with pytest.raises(SystemExit) as e:
+        main(["export", "--out", str(tmp_path / "a"), "--int4-block-size", "32", "--int8-smooth", "0.5",
+              "--int8-fp32", "down_proj", "--int4-accuracy-level", "0"])
+    assert e.value.code == 7                 # past every check, at the target folder
