@@ -17,7 +17,7 @@ def add_parser(sub) -> None:
 def run(a) -> int:
     import dataclasses
 
-    from ..profiles import detect, explain, get_profile, load_profiles
+    from ..profiles import detect, explain, get_profile, load_profiles, notes
     from ..profiles.memory import free_bytes_for
     profiles = load_profiles()
     if a.action == "list":
@@ -39,7 +39,7 @@ def run(a) -> int:
     out = {"profile": prof.name, "source": prof.source, "facts": facts, "reasons": reasons,
            "backends": prof.backends, "precision": prof.precision, "decode": prof.decode, "device": prof.device,
            "memory": {"free_gb": free / 2**30, "free_from": where, "budget_gb": budget / 2**30, **prof.memory},
-           "candidates": others, "tuned": prof.tuned}
+           "candidates": others, "tuned": prof.tuned, "notes": notes(facts)}
     if a.json:
         print(json.dumps(out))
     else:
@@ -59,6 +59,8 @@ def run(a) -> int:
                   f"measurements in {t.get('from', '?')}")
         print(f"memory budget: {prof.memory.get('fraction', 0.5)} x {free / 2**30:.1f} GB free ({where}) "
               f"- {prof.memory.get('reserve_mb', 512)} MB = {budget / 2**30:.1f} GB")
+        for note in out["notes"]:
+            print(f"note: {note}")
     return 0
 
 

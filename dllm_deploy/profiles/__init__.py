@@ -6,6 +6,7 @@ session options.
     detect()                   facts of this machine: Jetson (L4T files), NVML GPU, else CPU (arch, cores, memory)
     select(profiles, facts)    the best match, with the reasons (what `profiles explain` prints)
     explain(profiles, facts)   the winner, its reasons, and every other profile's score or reason to lose
+    notes(facts)               advice on the machine beyond its profile (x86 without VNNI: 7-bit int8 weights)
 """
 from __future__ import annotations
 
@@ -206,6 +207,12 @@ def detect() -> dict:
     if root:
         return root_facts(Path(root))
     facts = {"arch": platform.machine(), "cpus": os.cpu_count() or 1, "memory_gb": _mem_gb(), "kind": "cpu"}
+    try:
+        kernels = int8_kernels(Path("/proc/cpuinfo").read_text(errors="ignore"))
+    except OSError:
+        kernels = None
+    if kernels:
+        facts["int8_kernels"] = kernels
     if Path("/etc/nv_tegra_release").exists():
         return {**facts, **jetson_facts(Path("/"))}
     try:
@@ -234,6 +241,8 @@ def root_facts(root: Path) -> dict:
         raise UserError(f"{ROOT_ENV}={root}: no readable proc/cpuinfo there ({e.strerror})") from None
     arch = "aarch64" if "CPU implementer" in text else "x86_64" if "vendor_id" in text else "unknown"
     facts = {"arch": arch, "cpus": max(len(re.findall(r"^processor\s*:", text, re.M)), 1), "memory_gb": 0.0, "kind": "cpu"}
+    if int8_kernels(text):
+        facts["int8_kernels"] = int8_kernels(text)
     meminfo = root / "proc/meminfo"
     m = re.search(r"^MemTotal:\s*(\d+)\s*kB", meminfo.read_text(errors="ignore"), re.M) if meminfo.exists() else None
     if m:
@@ -241,6 +250,29 @@ def root_facts(root: Path) -> dict:
     if (root / "etc/nv_tegra_release").exists():
         facts.update(jetson_facts(root))
     return facts
+
+
+def int8_kernels(cpuinfo: str) -> str | None:
+    """Which of ONNX Runtime's int8 product kernels an x86 CPU runs, from the flags of its
+    /proc/cpuinfo: "vnni" (AVX-VNNI or AVX512-VNNI: byte products summed in 32 bits) or "avx2"
+    (summed in pairs into 16-bit lanes, which full-range int8 weights can saturate; the fix is
+    ``export --int8-reduce-range``, docs/precision.md). None for other CPUs (Arm's kernels sum in
+    32 bits) and x86 ones without AVX2."""
+    m = re.search(r"^flags\s*:(.*)$", cpuinfo, re.M)
+    if not m:
+        return None
+    flags = set(m.group(1).split())
+    return "vnni" if flags & {"avx_vnni", "avx512_vnni", "avx512vnni"} else "avx2" if "avx2" in flags else None
+
+
+INT8_SATURATION_NOTE = ("int8: this CPU has no VNNI, so ONNX Runtime sums int8 byte pairs in 16 bits, which "
+                        "full-range weights can saturate: export int8 with --int8-reduce-range (docs/precision.md)")
+
+
+def notes(facts: dict) -> list[str]:
+    """What a user choosing a configuration on the machine of ``facts`` should know beyond its
+    profile (`profiles explain` prints them)."""
+    return [INT8_SATURATION_NOTE] if facts.get("int8_kernels") == "avx2" else []
 
 
 def jetson_facts(root: Path) -> dict:

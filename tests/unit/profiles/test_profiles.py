@@ -214,3 +214,38 @@ def test_profiles_explain_auto_on_another_boards_facts(tmp_path, monkeypatch, ca
     monkeypatch.setenv("DLLM_DEPLOY_ROOT", str(tmp_path / "nowhere"))
     assert main(["profiles", "explain", "auto"]) == 2
     assert "DLLM_DEPLOY_ROOT" in capsys.readouterr().err
+
+
+def _x86_root(root, flags: str):
+    (root / "proc").mkdir(parents=True)
+    (root / "proc/cpuinfo").write_text("".join(f"processor\t: {i}\nvendor_id\t: AuthenticAMD\nflags\t\t: {flags}\n\n"
+                                               for i in range(2)))
+    (root / "proc/meminfo").write_text("MemTotal:       8000000 kB\n")
+    return root
+
+
+def test_an_x86_cpu_without_vnni_gets_the_int8_note(tmp_path, monkeypatch, capsys):
+    """The int8 kernels come from the cpuinfo flags: AVX2 alone sums byte pairs in 16 bits, so
+    `profiles explain` advises 7-bit int8 weights; with VNNI (either flag), or on Arm, it does not."""
+    import json
+
+    from dllm_deploy.cli import main
+    from dllm_deploy.profiles import int8_kernels
+    base = "fpu sse2 avx f16c fma avx2"
+    assert int8_kernels(f"flags\t: {base}\n") == "avx2"
+    assert int8_kernels(f"flags\t: {base} avx512f avx512_vnni\n") == "vnni"
+    assert int8_kernels(f"flags\t: {base} avx_vnni\n") == "vnni"
+    assert int8_kernels("flags\t: fpu sse2 avx\n") is None and int8_kernels(ARM_CPUINFO) is None
+    for name, flags, note in (("avx2", base, True), ("vnni", base + " avx512_vnni", False)):
+        monkeypatch.setenv("DLLM_DEPLOY_ROOT", str(_x86_root(tmp_path / name, flags)))
+        assert main(["profiles", "explain", "auto", "--json"]) == 0
+        out = json.loads(capsys.readouterr().out)
+        assert out["profile"] == "cpu-x86_64" and out["facts"]["int8_kernels"] == name
+        assert [n for n in out["notes"] if "--int8-reduce-range" in n] == ([out["notes"][0]] if note else [])
+        assert main(["profiles", "explain", "auto"]) == 0
+        lines = capsys.readouterr().out.splitlines()
+        assert any(line.startswith("note: int8: this CPU has no VNNI") for line in lines) == note
+    monkeypatch.setenv("DLLM_DEPLOY_ROOT", str(_board(tmp_path / "pi", 8_000_000)))
+    assert main(["profiles", "explain", "auto", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert "int8_kernels" not in out["facts"] and out["notes"] == []
