@@ -152,6 +152,15 @@ def tiny_artifact(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+def fp16_artifact(tmp_path_factory):
+    """The bundled model exported once with fp16 and int8 variants (tiny_artifact's int8 options)."""
+    from dllm_deploy.export.exporter import export
+    folder, _ = once_per_run(tmp_path_factory, "tiny-fp16", lambda d: export(
+        "tiny", d / "art", precisions=["fp32", "fp16", "int8"], max_beam_width=8, log=lambda m: None))
+    return folder / "art"
+
+
+@pytest.fixture(scope="session")
 def selfspec_artifact(tmp_path_factory):
     """The committed tri-mode model (checkpoints/tiny-selfspec) exported once, fp32."""
     from dllm_deploy.export.exporter import export

@@ -68,8 +68,7 @@ class Runtime:
             return cls._load_uniform(artifact, backend, precision, threads, profile)
         if artifact is not None:
             from ..profiles import get_profile
-            from .backends.ort import load_ort
-            from ..profiles.memory import beam_width_cap, free_bytes_for
+            from .backends.ort import FP16_ON_X86_CPU, fp16_runs_as_fp32, load_ort
             prof, reasons, facts = get_profile(profile)
             if precision is None:   # the profile's precision when the artifact has it, else fp32
                 from ..artifact import read_manifest
@@ -89,16 +88,10 @@ class Runtime:
                                  threads_default=prof.ort.get("intra_op_threads") or None,
                                  max_beam_width=prof.decode.get("max_beam_width"))
             rt = cls(parts.backend, parts.tokenizer, parts.backend.config, max_beam_width=parts.max_beam_width)
-            free, _ = free_bytes_for(prof, facts, on_gpu=rt.backend.providers[0] != "CPUExecutionProvider")
-            mem_cap = beam_width_cap(rt.memory_facts(), free, fraction=prof.memory.get("fraction", 0.5),
-                                     reserve_mb=prof.memory.get("reserve_mb", 512), precision=precision,
-                                     block_length=rt.config.block_size, max_seq=rt.config.max_seq,
-                                     limit=rt.decoder.max_beam_width)
-            if mem_cap < rt.decoder.max_beam_width:
-                rt.decoder.max_beam_width = mem_cap
-                rt.decoder.cap_reason = f"the free-memory estimate of profile {prof.name} ({free / 2**30:.1f} GiB free)"
-            else:
-                rt.decoder.cap_reason = f"the artifact's / profile {prof.name}'s max_beam_width"
+            if fp16_runs_as_fp32(precision, rt.backend.providers):
+                import warnings
+                warnings.warn(FP16_ON_X86_CPU, stacklevel=2)
+            rt._cap_by_memory(prof, facts, precision)
             rt.profile, rt.profile_reasons = prof, reasons
             chat = parts.backend.manifest.get("chat")
             if isinstance(chat, dict) and isinstance(chat.get("template"), str):
@@ -116,6 +109,24 @@ class Runtime:
         rt = cls(be, load_tokenizer(folder, be.config.eos_token_id), be.config)
         rt.chat_template, rt.chat_variables = load_chat_template(folder), special_tokens(folder)
         return rt
+
+    def _cap_by_memory(self, prof, facts: dict, precision: str) -> None:
+        """Lowers the decoder's beam-width cap to what the free memory of profile ``prof`` holds
+        (profiles/memory.py), and records why the cap is what it is."""
+        from ..profiles.memory import beam_width_cap, free_bytes_for
+        from .backends.ort import fp16_runs_as_fp32
+        if fp16_runs_as_fp32(precision, self.backend.providers):
+            precision = "fp32"              # what the sessions hold and compute in
+        free, _ = free_bytes_for(prof, facts, on_gpu=self.backend.providers[0] != "CPUExecutionProvider")
+        mem_cap = beam_width_cap(self.memory_facts(), free, fraction=prof.memory.get("fraction", 0.5),
+                                 reserve_mb=prof.memory.get("reserve_mb", 512), precision=precision,
+                                 block_length=self.config.block_size, max_seq=self.config.max_seq,
+                                 limit=self.decoder.max_beam_width)
+        if mem_cap < self.decoder.max_beam_width:
+            self.decoder.max_beam_width = mem_cap
+            self.decoder.cap_reason = f"the free-memory estimate of profile {prof.name} ({free / 2**30:.1f} GiB free)"
+        else:
+            self.decoder.cap_reason = f"the artifact's / profile {prof.name}'s max_beam_width"
 
     @property
     def self_speculative(self) -> bool:

@@ -22,6 +22,22 @@ from ...errors import UserError, file_error
 from .base import Loaded, artifact_capabilities, artifact_tokenizer, kept_tokens, sampling_feeds
 
 
+FP16_ON_X86_CPU = ("fp16 on ONNX Runtime's CPU provider on x86: it has no fp16 matrix kernels there and converts "
+                   "the weights to fp32 when it loads the graphs, so fp16 takes fp32's time and more than fp32's "
+                   "memory; use fp32, or int8 for speed (docs/precision.md)")
+
+
+def fp16_runs_as_fp32(precision: str, providers: list[str], machine: str | None = None) -> bool:
+    """Whether ``precision`` on sessions whose first provider is ``providers[0]`` runs as fp32:
+    fp16 on the CPU provider of an x86 machine. ONNX Runtime (1.32) has no fp16 MatMul kernel for
+    x86 CPUs; it places Casts around the fp16 nodes and folds the fp16 weights into fp32 ones at
+    load, so the products read fp32 weights (tests/integration/runtime/test_fp16_cpu.py checks the
+    optimized graph). ``machine``: platform.machine() unless given."""
+    import platform
+    return (precision == "fp16" and bool(providers) and providers[0] == "CPUExecutionProvider"
+            and (machine or platform.machine()) in ("x86_64", "AMD64", "i386", "i686"))
+
+
 def provider_list(providers: list[str], options: dict | None = None) -> list:
     """The (name, options) list ONNX Runtime takes, keeping only providers this build has,
     in the profile's order; CPU is always last as the fallback."""

@@ -3,7 +3,6 @@ ranges are evened out, the int8 graphs come closer to fp32 than without it, and 
 before anything is written."""
 import json
 
-import numpy as np
 import pytest
 import torch
 
@@ -129,11 +128,10 @@ def test_int8_weights_file_matches_the_memory_model(tiny_artifact):
     assert abs(int8 - est) / int8 < 0.01, (int8, est)
 
 
-def test_fp16_before_int8_leaves_int8_as_without_it(tiny_artifact, tmp_path):
+def test_fp16_before_int8_leaves_int8_as_without_it(tiny_artifact, fp16_artifact):
     """fp16 is exported before int8; int8's smoothing must still start from the exact fp32
     weights (not ones rounded through fp16), so its files equal those of an export without fp16."""
-    out = tmp_path / "art"
-    export("tiny", out, precisions=["fp32", "fp16", "int8"], log=lambda m: None)
+    out = fp16_artifact
     for f in ("int8/weights.bin", "int8/verify.onnx", "weights.bin"):
         assert (out / f).read_bytes() == (tiny_artifact[0] / f).read_bytes(), f
     assert (out / "fp16/weights.bin").exists()
