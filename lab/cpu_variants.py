@@ -1,13 +1,13 @@
-"""fp16 on ONNX Runtime's x86 CPU provider: what the session makes of an artifact's fp16 verify
-graph against its fp32 one (docs/precision.md). For each: the products' weight types in the
-optimized graph, the Casts ONNX Runtime added, ms per call (2 threads, 160 tokens, medians of
-interleaved rounds) and the process's resident memory after loading the session (one fresh
-process per load).
+"""What ONNX Runtime's CPU provider makes of each precision variant of an artifact's verify graph
+(docs/precision.md, docs/peers.md): the products' weight types in the optimized graph, the Casts
+it added, ms per call (2 threads, 160 tokens, medians of interleaved rounds), where a call's time
+goes by operator (ONNX Runtime's profiler), and the process's resident memory after loading the
+session (one fresh process per load).
 
-    PYTHONPATH=$PWD .venv/bin/python lab/fp16_cpu.py --artifact build/peers/ckpt-30m-art-prec \\
-        --json lab/fp16-cpu.json
+    PYTHONPATH=$PWD .venv/bin/python lab/cpu_variants.py --artifact build/peers/ckpt-30m-art-prec \\
+        --json lab/cpu-variants.json
 
-The artifact needs an fp16 and an int8 variant (export --precision fp32,fp16,int8,...).
+The artifact needs fp16, int8 and int4 variants (export --precision fp32,fp16,int8,int4).
 """
 from __future__ import annotations
 
@@ -32,14 +32,32 @@ def graph(art: Path, prec: str) -> Path:
     return art / "verify.onnx" if prec == "fp32" else art / prec / "verify.onnx"
 
 
-def session(path: Path, optimized: Path | None = None):
+def session(path: Path, optimized: Path | None = None, profile: str | None = None):
     import onnxruntime as ort
     so = ort.SessionOptions()
     so.intra_op_num_threads = THREADS
     so.add_session_config_entry("session.intra_op.allow_spinning", "0")
     if optimized:
         so.optimized_model_filepath = str(optimized)
+    if profile:
+        so.enable_profiling, so.profile_file_prefix = True, profile
     return ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
+
+
+def op_shares(path: Path, calls: int) -> dict:
+    """Each operator type's share of the kernel time of ``calls`` calls (after one warm-up), top 5."""
+    with tempfile.TemporaryDirectory() as d:
+        s = session(path, profile=str(Path(d) / "p"))
+        f = feeds(s)
+        for _ in range(calls + 1):
+            s.run(None, f)
+        events = json.loads(Path(s.end_profiling()).read_text())
+    by = collections.Counter()
+    for e in events:
+        if e.get("cat") == "Node" and e["name"].endswith("_kernel_time"):
+            by[e["args"]["op_name"]] += e["dur"]
+    total = sum(by.values())
+    return {op: round(us / total, 3) for op, us in by.most_common(5)}
 
 
 def feeds(s) -> dict:
@@ -73,7 +91,7 @@ def graph_facts(path: Path) -> dict:
 
 def resident_mb(path: Path) -> float:
     """Resident memory a fresh process gains by loading ``path``'s session."""
-    code = ("import os, sys; sys.path.insert(0, %r); import fp16_cpu as f; page = os.sysconf('SC_PAGE_SIZE')\n"
+    code = ("import os, sys; sys.path.insert(0, %r); import cpu_variants as f; page = os.sysconf('SC_PAGE_SIZE')\n"
             "rss = lambda: int(open('/proc/self/statm').read().split()[1]) * page\n"
             "import onnxruntime; r0 = rss(); s = f.session(f.Path(%r)); print((rss() - r0) / 2**20)"
             % (str(Path(__file__).parent), str(path)))
@@ -87,7 +105,7 @@ def main() -> int:
     ap.add_argument("--calls", type=int, default=5)
     ap.add_argument("--json", default=None)
     a = ap.parse_args()
-    art, precs = Path(a.artifact), ("fp32", "fp16", "int8")
+    art, precs = Path(a.artifact), ("fp32", "fp16", "int8", "int4")
     sessions = {p: session(graph(art, p)) for p in precs}
     inputs = {p: feeds(s) for p, s in sessions.items()}
     for p, s in sessions.items():
@@ -100,13 +118,13 @@ def main() -> int:
                 s.run(None, inputs[p])
             ms[p].append(1000 * (time.perf_counter() - t) / a.calls)
     rows = [{"precision": p, "ms_per_call": round(statistics.median(ms[p]), 2), "resident_mb": round(resident_mb(graph(art, p)), 1),
-             **graph_facts(graph(art, p))} for p in precs]
+             **graph_facts(graph(art, p)), "op_shares": op_shares(graph(art, p), a.calls)} for p in precs]
     import onnxruntime
     out = {"artifact": str(art), "tokens": TOKENS, "threads": THREADS, "onnxruntime": onnxruntime.__version__,
            "machine": platform.machine(), "rows": rows}
     for r in rows:
         print(f"{r['precision']:<5} {r['ms_per_call']:7.2f} ms/call  {r['resident_mb']:6.1f} MB  products' weights "
-              f"{r['product_weights']}  casts {r['casts']}")
+              f"{r['product_weights']}  casts {r['casts']}  time by op {r['op_shares']}")
     if a.json:
         Path(a.json).write_text(json.dumps(out, indent=2) + "\n")
     return 0
