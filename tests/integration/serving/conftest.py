@@ -12,6 +12,7 @@ import sys
 import tempfile
 import time
 import urllib.request
+import warnings
 from pathlib import Path
 
 import pytest
@@ -85,12 +86,17 @@ class Server:
     def __init__(self, artifact: Path, extra: list[str] = (), command=None, env: dict | None = None,
                  openai: bool = False):
         for attempt in (1, 2):
+            t0 = time.monotonic()
             try:
                 self._start(artifact, extra, command, env, openai)
                 return
-            except (NotReady, PortTaken):
+            except (NotReady, PortTaken) as e:
                 if attempt == 2:
                     raise
+                # in the run's warnings summary: what a first start that failed said, to tell a
+                # slow machine from a start that hangs (one was seen idle for a whole timeout)
+                warnings.warn(f"serve's first start failed after {time.monotonic() - t0:.0f} s and is tried again "
+                              f"on other ports: {type(e).__name__}: {str(e)[-1500:]}", stacklevel=2)
 
     def _start(self, artifact, extra, command, env, openai) -> None:
         self.http, self.grpc, self.metrics, self.openai = free_ports(4)
