@@ -241,8 +241,9 @@ def root_facts(root: Path) -> dict:
         raise UserError(f"{ROOT_ENV}={root}: no readable proc/cpuinfo there ({e.strerror})") from None
     arch = "aarch64" if "CPU implementer" in text else "x86_64" if "vendor_id" in text else "unknown"
     facts = {"arch": arch, "cpus": max(len(re.findall(r"^processor\s*:", text, re.M)), 1), "memory_gb": 0.0, "kind": "cpu"}
-    if int8_kernels(text):
-        facts["int8_kernels"] = int8_kernels(text)
+    kernels = int8_kernels(text)
+    if kernels:
+        facts["int8_kernels"] = kernels
     meminfo = root / "proc/meminfo"
     m = re.search(r"^MemTotal:\s*(\d+)\s*kB", meminfo.read_text(errors="ignore"), re.M) if meminfo.exists() else None
     if m:
