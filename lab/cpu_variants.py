@@ -61,22 +61,11 @@ def op_shares(path: Path, calls: int) -> dict:
 
 
 def feeds(s) -> dict:
-    rng, out = np.random.default_rng(0), {}
-    for i in s.get_inputs():
-        shape = [d if isinstance(d, int) else (1 if n == 0 else TOKENS) for n, d in enumerate(i.shape)]
-        if i.name.startswith("past_key_values"):
-            shape[2] = 0
-        dtype = {"tensor(int64)": np.int64, "tensor(float)": np.float32, "tensor(float16)": np.float16,
-                 "tensor(bool)": np.bool_}[i.type]
-        if i.name == "input_ids":
-            out[i.name] = rng.integers(0, 4000, shape).astype(dtype)
-        elif i.name == "position_ids":
-            out[i.name] = np.arange(TOKENS, dtype=dtype)[None]
-        elif i.name in ("attention_mask", "top_p"):
-            out[i.name] = np.ones(shape, dtype)
-        else:
-            out[i.name] = np.zeros(shape, dtype)
-    return out
+    """One row of TOKENS random ids attending to each other, an empty cache, greedy sampling."""
+    from dllm_deploy.evals.fidelity import prefill_feeds
+    ids = np.random.default_rng(0).integers(0, 4000, (1, TOKENS))
+    state = (ids, np.arange(TOKENS)[None], np.ones((1, 1, TOKENS, TOKENS), bool), 0)
+    return prefill_feeds(s.get_inputs(), state)
 
 
 def graph_facts(path: Path) -> dict:

@@ -34,13 +34,14 @@ def decode_states(tokenizer, mask_id: int, block_length: int, n: int = 10, seed:
 
 
 def prefill_feeds(inputs, state) -> dict:
-    """The prefill graph's feeds (``inputs``: its session's get_inputs()) for one decode state: an
-    empty cache and greedy sampling inputs."""
+    """The prefill (or verify) graph's feeds (``inputs``: its session's get_inputs()) for one decode
+    state: an empty cache (in the graph's KV type) and greedy sampling inputs."""
     ids, pos, mask, _ = state
     feeds = {"input_ids": ids, "position_ids": pos, "attention_mask": mask}
     for i in inputs[3:]:
         if i.name.startswith("past_key_values."):
-            feeds[i.name] = np.zeros((1, i.shape[1], 0, i.shape[3]), np.float32)
+            kv = np.float16 if i.type == "tensor(float16)" else np.float32
+            feeds[i.name] = np.zeros((1, i.shape[1], 0, i.shape[3]), kv)
         elif i.name == "sample_u":
             feeds[i.name] = np.zeros(ids.shape, np.float32)
         else:

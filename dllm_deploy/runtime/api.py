@@ -88,10 +88,12 @@ class Runtime:
                                  threads_default=prof.ort.get("intra_op_threads") or None,
                                  max_beam_width=prof.decode.get("max_beam_width"))
             rt = cls(parts.backend, parts.tokenizer, parts.backend.config, max_beam_width=parts.max_beam_width)
+            held = precision                # what the sessions hold and compute in
             if fp16_runs_as_fp32(precision, rt.backend.providers):
                 import warnings
                 warnings.warn(FP16_ON_X86_CPU, stacklevel=2)
-            rt._cap_by_memory(prof, facts, precision)
+                held = "fp32"
+            rt._cap_by_memory(prof, facts, held)
             rt.profile, rt.profile_reasons = prof, reasons
             chat = parts.backend.manifest.get("chat")
             if isinstance(chat, dict) and isinstance(chat.get("template"), str):
@@ -114,9 +116,6 @@ class Runtime:
         """Lowers the decoder's beam-width cap to what the free memory of profile ``prof`` holds
         (profiles/memory.py), and records why the cap is what it is."""
         from ..profiles.memory import beam_width_cap, free_bytes_for
-        from .backends.ort import fp16_runs_as_fp32
-        if fp16_runs_as_fp32(precision, self.backend.providers):
-            precision = "fp32"              # what the sessions hold and compute in
         free, _ = free_bytes_for(prof, facts, on_gpu=self.backend.providers[0] != "CPUExecutionProvider")
         mem_cap = beam_width_cap(self.memory_facts(), free, fraction=prof.memory.get("fraction", 0.5),
                                  reserve_mb=prof.memory.get("reserve_mb", 512), precision=precision,
